@@ -1,0 +1,1 @@
+"""Embedders: turn text into vectors (one `Embedder` port, several adapters)."""

@@ -1,0 +1,134 @@
+"""The one exception root of ragstream and its typed subclasses.
+
+Adapters translate vendor exceptions (confluent-kafka, qdrant, openai, psycopg, grpc) into these
+at the boundary, so callers decide on a stable `code` rather than on a vendor's class.
+"""
+
+from __future__ import annotations
+
+
+class RagstreamError(Exception):
+    """Root of every error ragstream raises on purpose.
+
+    `code` is a stable, machine-readable name (it travels to DLQ headers, evidence packs and
+    metrics labels); the message is for people.
+    """
+
+    code: str = "INTERNAL"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        """The human-readable reason."""
+        return str(self)
+
+
+class ConfigError(RagstreamError):
+    """Settings are missing or inconsistent."""
+
+    code = "CONFIG_ERROR"
+
+
+# --- change events ---------------------------------------------------------------------------
+
+
+class DecodeError(RagstreamError):
+    """A Kafka record is not a change event we can read (bad JSON, bad envelope, bad field)."""
+
+    code = "DECODE_ERROR"
+
+
+class LogicalTypeError(DecodeError):
+    """A Debezium logical type value cannot be represented (e.g. year 21016, malformed base64)."""
+
+    code = "LOGICAL_TYPE_ERROR"
+
+
+class UnsupportedOperationError(DecodeError):
+    """The event's `op` is not one ragstream knows."""
+
+    code = "UNSUPPORTED_OP"
+
+
+class MappingError(RagstreamError):
+    """A decoded row cannot be mapped to an entity (no tenant, no id, TOAST-only content...)."""
+
+    code = "MAPPING_ERROR"
+
+
+class RecordTooLargeError(RagstreamError):
+    """A record or its content exceeds the configured size limit."""
+
+    code = "RECORD_TOO_LARGE"
+
+
+class ChunkingError(RagstreamError):
+    """Text could not be chunked within the model's token budget."""
+
+    code = "CHUNKING_ERROR"
+
+
+# --- embeddings ------------------------------------------------------------------------------
+
+
+class EmbeddingError(RagstreamError):
+    """The embedder failed for a reason retrying will not fix."""
+
+    code = "EMBEDDING_FAILED"
+
+
+class EmbeddingUnavailableError(EmbeddingError):
+    """The embedder is overloaded or unreachable; retry later (backpressure)."""
+
+    code = "EMBEDDING_UNAVAILABLE"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EmbeddingDimensionError(EmbeddingError):
+    """The embedder returned vectors of a dimension other than its spec says."""
+
+    code = "EMBEDDING_DIMENSION_MISMATCH"
+
+
+# --- storage ---------------------------------------------------------------------------------
+
+
+class StoreError(RagstreamError):
+    """The vector store rejected an operation."""
+
+    code = "STORE_ERROR"
+
+
+class StoreUnavailableError(StoreError):
+    """The vector store is unreachable or overloaded; retry later (backpressure)."""
+
+    code = "STORE_UNAVAILABLE"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class IndexNotFoundError(StoreError):
+    """The tenant has no such index version (or no active one)."""
+
+    code = "INDEX_NOT_FOUND"
+
+
+class ManifestMismatchError(StoreError):
+    """An index version was built with another embedder than the one in use."""
+
+    code = "MANIFEST_MISMATCH"
+
+
+class InvalidTenantError(RagstreamError):
+    """A tenant name that could escape its namespace (path, alias or collection injection)."""
+
+    code = "INVALID_TENANT"

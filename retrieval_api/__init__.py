@@ -1,0 +1,1 @@
+"""The gRPC Retrieve service: search, rerank, verify against the SoR, evidence packs."""

@@ -1,0 +1,1 @@
+"""The ingest service: Debezium change events in, per-tenant vector index out."""
