@@ -1,0 +1,1 @@
+"""Local service processes ragstream starts itself (the dev stack, the tests)."""

@@ -1,0 +1,110 @@
+"""A throwaway PostgreSQL cluster from the installed server binaries (tests, local runs).
+
+initdb refuses to run as root, so as root the cluster is created and run as the `postgres`
+system user, in directories it owns.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+from ragstream.errors import ConfigError
+from ragstream.services.tansu import free_port
+
+
+def postgres_bindir() -> Path:
+    """The newest installed PostgreSQL server bin dir ($RAGSTREAM_PG_BINDIR overrides)."""
+    override = os.environ.get("RAGSTREAM_PG_BINDIR")
+    if override:
+        return Path(override)
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,
+    )
+    if not found:
+        initdb = shutil.which("initdb")
+        if initdb is None:
+            raise ConfigError("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
+        return Path(initdb).parent
+    return Path(found[-1]).parent
+
+
+class PostgresCluster:
+    """initdb + pg_ctl start on a loopback port; `stop()` removes everything."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.bindir = postgres_bindir()
+        self._root = Path(tempfile.mkdtemp(prefix="ragstream-pg-"))
+        self._data = self._root / "data"
+        self._sock = self._root / "sock"
+        self._log = self._root / "postgres.log"
+        self._as_root = os.geteuid() == 0
+        self._started = False
+
+    @property
+    def dsn(self) -> str:
+        """A libpq connection string for the `postgres` superuser."""
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
+
+    def _run(self, *args: str) -> None:
+        cmd = [str(a) for a in args]
+        if self._as_root:
+            cmd = ["su", "postgres", "-s", "/bin/sh", "-c", " ".join(_quote(c) for c in cmd)]
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            log = self._log.read_text(errors="replace")[-2000:] if self._log.exists() else ""
+            raise ConfigError(
+                f"{args[0]} failed ({result.returncode}): {result.stderr.strip()}\n{log}"
+            )
+
+    def start(self) -> PostgresCluster:
+        """Create the cluster and start the server; returns when it accepts connections."""
+        self._sock.mkdir(parents=True)
+        if self._as_root:
+            shutil.chown(self._root, "postgres", "postgres")
+            shutil.chown(self._sock, "postgres", "postgres")
+        self._run(
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self._data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
+        opts = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self._sock} -c fsync=off"
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self._data), "-o", opts, "-l",
+                  str(self._log), "-w", "start")
+        self._started = True
+        return self
+
+    def stop(self) -> None:
+        """Stop the server and delete its files."""
+        if self._started:
+            self._run(str(self.bindir / "pg_ctl"), "-D", str(self._data), "-m", "immediate", "stop")
+            self._started = False
+        shutil.rmtree(self._root, ignore_errors=True)
+
+    def __enter__(self) -> PostgresCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _quote(arg: str) -> str:
+    return "'" + arg.replace("'", "'\"'\"'") + "'"
