@@ -1,0 +1,397 @@
+"""The core consumer loop: poll a batch, hand it to the handler, DLQ the poison, commit.
+
+Invariants (DESIGN decision 1):
+- offsets are committed only after the handler returned, i.e. after every write of the batch
+  was acknowledged by the store, and after every DLQ record of the batch was delivered;
+- per-partition order is Kafka's: one batch at a time, handled in offset order;
+- a retryable dependency failure (embedder or store overloaded/unreachable) commits nothing:
+  the batch's partitions are rewound to the batch start and all partitions are paused for a
+  backoff (honouring retry-after), then resumed. Re-processing is safe: writes are idempotent;
+- revocation can only happen inside `consume()`, between batches, when nothing is in flight and
+  everything handled was committed; so revoking needs no extra commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from pydantic import BaseModel, ConfigDict, Field
+
+from ragstream.errors import (
+    ConfigError,
+    EmbeddingUnavailableError,
+    RagstreamError,
+    StoreUnavailableError,
+)
+from ragstream.kafka_config import KafkaSettings
+from schemas.events import RawRecord
+from streams.metrics import IngestMetrics
+
+log = logging.getLogger(__name__)
+
+#: Retryable dependency failures: the batch is retried after a backoff, nothing is committed.
+RETRYABLE = (EmbeddingUnavailableError, StoreUnavailableError)
+
+DLQ_HEADER_PREFIX = "ragstream."
+
+
+class ConsumerConfig(BaseModel):
+    """Consumer-group behaviour of the ingest worker."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    group_id: str = "ragstream-ingest"
+    topics: tuple[str, ...] = Field(
+        default=("sor.public.entities",),
+        description="Topics to consume; entries starting with '^' are regex patterns.",
+    )
+    dlq_topic: str = "ragstream.dlq"
+    max_batch_records: int = Field(default=500, gt=0)
+    poll_timeout_s: float = Field(default=0.5, gt=0)
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 3_000
+    max_poll_interval_ms: int = 300_000
+    assignment_strategy: str = "cooperative-sticky"
+    backoff_initial_s: float = Field(default=0.5, gt=0)
+    backoff_max_s: float = Field(default=30.0, gt=0)
+    #: librdkafka pre-fetch bound (bounded memory).
+    queued_max_messages_kbytes: int = 32_768
+    #: DLQ values above this are truncated (the header says so; the original stays in its topic).
+    dlq_max_value_bytes: int = 900_000
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A record the handler could not process, with the reason."""
+
+    record: RawRecord
+    code: str
+    message: str
+    stage: str
+
+
+class BatchHandler(Protocol):
+    """Processes one batch of records in offset order; must be idempotent.
+
+    Returns the records to dead-letter. Raises an error from `RETRYABLE` when a dependency is
+    overloaded (the whole batch is retried later) and any other exception for a fatal condition.
+    """
+
+    def handle(self, records: Sequence[RawRecord]) -> Sequence[DeadLetter]:
+        """Process `records`; everything not returned as a dead letter is durably applied."""
+        ...
+
+
+def to_raw(msg: Message) -> RawRecord:
+    """Copy a confluent-kafka message into our frozen record type."""
+    ts_type, ts = msg.timestamp()
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    if topic is None or partition is None or offset is None:
+        raise RagstreamError("a Kafka message without topic/partition/offset is not a record")
+    raw_headers = msg.headers() or []
+    pairs = raw_headers.items() if isinstance(raw_headers, dict) else raw_headers
+    headers = tuple((k, v.encode() if isinstance(v, str) else v) for k, v in pairs)
+    return RawRecord(
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        key=msg.key(),
+        value=msg.value(),
+        headers=headers,
+        timestamp_ms=ts if ts_type != 0 else None,
+    )
+
+
+def dlq_headers(letter: DeadLetter, truncated: bool) -> list[tuple[str, str | bytes | None]]:
+    """Headers of a DLQ record: where it came from and why it is there."""
+    rec = letter.record
+    fields = {
+        "error.code": letter.code,
+        "error.message": letter.message[:2000],
+        "error.stage": letter.stage,
+        "source.topic": rec.topic,
+        "source.partition": str(rec.partition),
+        "source.offset": str(rec.offset),
+        "source.timestamp_ms": "" if rec.timestamp_ms is None else str(rec.timestamp_ms),
+        "value.truncated": "true" if truncated else "false",
+    }
+    own: list[tuple[str, str | bytes | None]] = [
+        (DLQ_HEADER_PREFIX + k, v.encode()) for k, v in fields.items()
+    ]
+    original: list[tuple[str, str | bytes | None]] = [(k, v) for k, v in rec.headers]
+    return own + original
+
+
+class ConsumerLoop:
+    """Runs the ingest consumer group until `stop` is set."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        config: ConsumerConfig,
+        handler: BatchHandler,
+        metrics: IngestMetrics,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._kafka = kafka
+        self._config = config
+        self._handler = handler
+        self._metrics = metrics
+        self._sleep = sleep
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
+        self._paused_until: float | None = None
+        self._backoff = config.backoff_initial_s
+        self._assigned: set[tuple[str, int]] = set()
+
+    # --- setup ------------------------------------------------------------------------------
+
+    def _consumer_config(self) -> dict[str, Any]:
+        c = self._config
+        return {
+            **self._kafka.client_config(),
+            "group.id": c.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": c.session_timeout_ms,
+            "heartbeat.interval.ms": c.heartbeat_interval_ms,
+            "max.poll.interval.ms": c.max_poll_interval_ms,
+            "partition.assignment.strategy": c.assignment_strategy,
+            "queued.max.messages.kbytes": c.queued_max_messages_kbytes,
+            "error_cb": self._on_error,
+        }
+
+    def _producer_config(self) -> dict[str, Any]:
+        return {
+            **self._kafka.client_config(),
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "message.max.bytes": max(1_000_000, self._config.dlq_max_value_bytes + 100_000),
+            "error_cb": self._on_error,
+        }
+
+    @staticmethod
+    def _on_error(err: KafkaError) -> None:
+        if err.fatal():
+            log.error("fatal Kafka error: %s", err)
+        else:
+            log.warning("Kafka client error (librdkafka retries): %s", err)
+
+    def start(self, startup_timeout_s: float = 10.0) -> None:
+        """Create the clients and check that every named topic exists (fail fast)."""
+        consumer = Consumer(self._consumer_config())
+        try:
+            metadata = consumer.list_topics(timeout=startup_timeout_s)
+        except KafkaException as exc:
+            consumer.close()
+            raise ConfigError(
+                f"Kafka unreachable at {self._kafka.bootstrap_servers}: {exc}"
+            ) from exc
+        missing = [
+            t
+            for t in (*self._config.topics, self._config.dlq_topic)
+            if not t.startswith("^") and t not in metadata.topics
+        ]
+        if missing:
+            consumer.close()
+            raise ConfigError(f"Kafka topics do not exist: {missing} (create them first)")
+        self._consumer = consumer
+        self._producer = Producer(self._producer_config())
+        consumer.subscribe(
+            list(self._config.topics), on_assign=self._on_assign, on_revoke=self._on_revoke
+        )
+        log.info(
+            "consuming %s as group %s (%s)",
+            list(self._config.topics),
+            self._config.group_id,
+            self._kafka.redacted_config(),
+        )
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._assigned.update((p.topic, p.partition) for p in partitions)
+        self._metrics.assigned_partitions.set(len(self._assigned))
+        log.info("assigned %s", [(p.topic, p.partition) for p in partitions])
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Nothing is in flight here (see module docstring): all handled work is committed.
+        self._assigned.difference_update((p.topic, p.partition) for p in partitions)
+        self._metrics.assigned_partitions.set(len(self._assigned))
+        log.info("revoked %s", [(p.topic, p.partition) for p in partitions])
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Consume until `stop` is set, then close cleanly (committed work stays committed)."""
+        if self._consumer is None:
+            self.start()
+        try:
+            while not stop.is_set():
+                self.run_once()
+        finally:
+            self.close()
+
+    def run_once(self) -> int:
+        """One poll-handle-commit cycle; returns the number of records handled."""
+        consumer = self._require_consumer()
+        if self._paused_until is not None and time.monotonic() >= self._paused_until:
+            self._resume_all()
+        msgs = consumer.consume(self._config.max_batch_records, self._config.poll_timeout_s)
+        records: list[RawRecord] = []
+        for msg in msgs:
+            err = msg.error()
+            if err is None:
+                records.append(to_raw(msg))
+            elif err.code() == KafkaError._PARTITION_EOF:
+                continue
+            elif err.fatal():
+                raise RagstreamError(f"fatal Kafka consumer error: {err}")
+            else:
+                log.warning("consumer error (retried by librdkafka): %s", err)
+        if not records:
+            return 0
+        self._metrics.batch_size.observe(len(records))
+        try:
+            letters = self._handler.handle(records)
+            self._dead_letter(letters)
+        except RETRYABLE as exc:
+            self._back_off(records, exc)
+            return 0
+        self._commit(records)
+        self._backoff = self._config.backoff_initial_s
+        return len(records)
+
+    def _dead_letter(self, letters: Sequence[DeadLetter]) -> None:
+        if not letters:
+            return
+        producer = self._require_producer()
+        started = time.perf_counter()
+        failures: list[str] = []
+
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                failures.append(str(err))
+
+        for letter in letters:
+            value = letter.record.value
+            truncated = value is not None and len(value) > self._config.dlq_max_value_bytes
+            if truncated and value is not None:
+                value = value[: self._config.dlq_max_value_bytes]
+            producer.produce(
+                self._config.dlq_topic,
+                key=letter.record.key,
+                value=value,
+                headers=dlq_headers(letter, truncated),
+                on_delivery=on_delivery,
+            )
+            self._metrics.dlq.labels(letter.code).inc()
+            log.warning(
+                "DLQ %s[%d]@%d %s: %s",
+                letter.record.topic,
+                letter.record.partition,
+                letter.record.offset,
+                letter.code,
+                letter.message[:300],
+            )
+        remaining = producer.flush(30)
+        self._metrics.stage_seconds.labels("dlq").observe(time.perf_counter() - started)
+        if remaining or failures:
+            # Not delivered: the batch is retried rather than committed past a lost record.
+            raise StoreUnavailableError(
+                f"DLQ delivery failed ({remaining} undelivered): {failures[:3]}"
+            )
+
+    def _commit(self, records: Sequence[RawRecord]) -> None:
+        consumer = self._require_consumer()
+        next_offsets: dict[tuple[str, int], int] = {}
+        for rec in records:
+            key = (rec.topic, rec.partition)
+            next_offsets[key] = max(next_offsets.get(key, -1), rec.offset + 1)
+        offsets = [TopicPartition(t, p, o) for (t, p), o in next_offsets.items()]
+        started = time.perf_counter()
+        try:
+            consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            # A commit lost to a rebalance is safe: the new owner re-processes idempotently.
+            log.warning("offset commit failed (records will be re-delivered): %s", exc)
+            return
+        self._metrics.stage_seconds.labels("commit").observe(time.perf_counter() - started)
+        self._metrics.last_commit_timestamp.set(time.time())
+        for (topic, partition), offset in next_offsets.items():
+            self._metrics.committed_offset.labels(topic, str(partition)).set(offset)
+
+    def _back_off(self, records: Sequence[RawRecord], exc: RagstreamError) -> None:
+        consumer = self._require_consumer()
+        dependency = "embedder" if isinstance(exc, EmbeddingUnavailableError) else "store"
+        self._metrics.backpressure.labels(dependency).inc()
+        first: dict[tuple[str, int], int] = {}
+        for rec in records:
+            key = (rec.topic, rec.partition)
+            first[key] = min(first.get(key, rec.offset), rec.offset)
+        for (topic, partition), offset in first.items():
+            consumer.seek(TopicPartition(topic, partition, offset))
+        assignment = consumer.assignment()
+        consumer.pause(assignment)
+        self._metrics.paused_partitions.set(len(assignment))
+        retry_after = getattr(exc, "retry_after", None)
+        delay = max(retry_after or 0.0, self._backoff * (0.5 + random.random() / 2))
+        self._backoff = min(self._backoff * 2, self._config.backoff_max_s)
+        self._paused_until = time.monotonic() + delay
+        log.warning(
+            "%s unavailable (%s): paused %d partitions for %.2fs, batch will be retried",
+            dependency,
+            exc,
+            len(assignment),
+            delay,
+        )
+
+    def _resume_all(self) -> None:
+        consumer = self._require_consumer()
+        assignment = consumer.assignment()
+        consumer.resume(assignment)
+        self._paused_until = None
+        self._metrics.paused_partitions.set(0)
+        log.info("resumed %d partitions", len(assignment))
+
+    def close(self) -> None:
+        """Flush the DLQ producer and leave the group."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.flush(10)
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
+
+    def _require_consumer(self) -> Consumer:
+        if self._consumer is None:
+            raise RagstreamError("consumer loop not started")
+        return self._consumer
+
+    def _require_producer(self) -> Producer:
+        if self._producer is None:
+            raise RagstreamError("consumer loop not started")
+        return self._producer
+
+
+def install_signal_handlers(stop: threading.Event) -> None:
+    """SIGTERM/SIGINT set `stop`: the loop finishes its batch, commits, and closes."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        log.info(
+            "received %s: finishing the current batch, then stopping", signal.strsignal(signum)
+        )
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
