@@ -1,0 +1,477 @@
+"""The batch handler of the ingest worker: decode -> plan -> reduce -> normalize/chunk -> embed
+-> write (wait) -> delete obsolete chunks. The consumer loop commits only after this returns.
+
+Write order per entity (DESIGN decision 5): the new chunks are upserted first (wait), then the
+entity's chunks that are no longer part of it are deleted by id. A crash in between leaves extra
+chunks that the next delivery removes; never a gap. Re-delivery rewrites the same point ids
+(uuid5 of tenant, chunk id, index version), so replaying a batch is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from ragstream.embedders.base import Embedder, Vectors
+from ragstream.errors import (
+    ChunkingError,
+    DecodeError,
+    MappingError,
+    RecordTooLargeError,
+)
+from ragstream.store.base import (
+    CHUNK_ID,
+    ENTITY_ID,
+    ENTITY_TYPE,
+    EVENT_DATE,
+    SOURCE_HASH,
+    TENANT_ID,
+    ChunkRef,
+    PointRecord,
+    SparseVector,
+    VectorStore,
+)
+from ragstream.store.ids import point_id
+from schemas.entities import Chunk, Entity, EntityVersion
+from schemas.events import ChangeEvent, RawRecord
+from streams.consumer import DeadLetter
+from streams.metrics import IngestMetrics
+from streams.plan import Action, Plan
+
+log = logging.getLogger(__name__)
+
+# Payload fields of the source version: how new the indexed row is (DESIGN decision 5).
+VERSION_UPDATED_AT = "source_updated_at_us"
+VERSION_LSN = "source_lsn"
+VERSION_SNAPSHOT = "source_snapshot"
+CHUNK_COUNT = "chunk_count"
+
+
+@dataclass(frozen=True, slots=True)
+class TargetIndex:
+    """A collection the worker writes a tenant's changes to, and its index version."""
+
+    collection: str
+    version: int
+
+
+class IndexTargets(Protocol):
+    """Where a tenant's changes go: the active version and any version being built."""
+
+    def write_targets(self, tenant_id: str) -> Sequence[TargetIndex]:
+        """The tenant's write targets, creating its first index version if it has none."""
+        ...
+
+    def known_tenants(self) -> Sequence[str]:
+        """Every tenant that has an index (to delete an entity whose tenant is unknown)."""
+        ...
+
+
+class EntityPreparer(Protocol):
+    """Normalization and chunking of one entity (`streams.prepare`)."""
+
+    def chunks(self, entity: Entity) -> list[Chunk]:
+        """The entity's chunks, each within the embedder's token budget."""
+        ...
+
+
+class SparseEncoder(Protocol):
+    """BM25-style document sparse vectors (`ragstream.sparse`)."""
+
+    def encode_document(self, text: str) -> SparseVector:
+        """Sparse vector of a chunk's text."""
+        ...
+
+
+class RowSource(Protocol):
+    """Re-reads rows from the system of record (refetch after a TOAST placeholder)."""
+
+    def fetch_entity(self, plan: Plan) -> Entity | None:
+        """The entity as the SoR has it now; None when the row no longer exists."""
+        ...
+
+
+Decoder = Callable[[RawRecord], ChangeEvent]
+Planner = Callable[[ChangeEvent], Plan]
+
+
+@dataclass(slots=True)
+class _Work:
+    """The surviving plan of one entity in a batch, and the records it covers."""
+
+    plan: Plan
+    records: list[RawRecord] = field(default_factory=list)
+
+
+def is_provably_older(incoming: EntityVersion, indexed: EntityVersion) -> bool:
+    """True only when the indexed row is known to be newer than the incoming one.
+
+    Versions compare by `updated_at` when both have it, then by LSN when both have it; at a
+    full tie a snapshot row loses to a streamed one. Missing information never proves an event
+    older (it is applied: at worst a stale hit that Retrieve's SoR check excludes).
+    """
+    a, b = incoming.updated_at_us, indexed.updated_at_us
+    if a is not None and b is not None and a != b:
+        return a < b
+    if incoming.lsn is not None and indexed.lsn is not None and incoming.lsn != indexed.lsn:
+        return incoming.lsn < indexed.lsn
+    return incoming.snapshot and not indexed.snapshot
+
+
+def version_payload(version: EntityVersion) -> dict[str, Any]:
+    """The payload fields that record an entity's indexed version."""
+    return {
+        VERSION_UPDATED_AT: version.updated_at_us,
+        VERSION_LSN: version.lsn,
+        VERSION_SNAPSHOT: version.snapshot,
+    }
+
+
+def indexed_version(refs: Mapping[str, ChunkRef]) -> EntityVersion | None:
+    """The version stored with an entity's chunks (the newest among them)."""
+    versions = [
+        EntityVersion(
+            updated_at_us=ref.payload.get(VERSION_UPDATED_AT),
+            lsn=ref.payload.get(VERSION_LSN),
+            snapshot=bool(ref.payload.get(VERSION_SNAPSHOT, False)),
+        )
+        for ref in refs.values()
+    ]
+    return max(versions, key=EntityVersion.sort_key) if versions else None
+
+
+def _rfc3339(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class IngestHandler:
+    """Implements `streams.consumer.BatchHandler` over the store and embedder ports."""
+
+    def __init__(
+        self,
+        *,
+        decode: Decoder,
+        plan: Planner,
+        preparer: EntityPreparer,
+        embedder: Embedder,
+        sparse: SparseEncoder,
+        store: VectorStore,
+        targets: IndexTargets,
+        metrics: IngestMetrics,
+        rows: RowSource | None = None,
+        keyword_fields: Sequence[str] = (),
+        event_date_field: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._decode = decode
+        self._plan = plan
+        self._preparer = preparer
+        self._embedder = embedder
+        self._sparse = sparse
+        self._store = store
+        self._targets = targets
+        self._metrics = metrics
+        self._rows = rows
+        self._keyword_fields = tuple(keyword_fields)
+        self._event_date_field = event_date_field
+        self._clock = clock
+
+    # --- BatchHandler -----------------------------------------------------------------------
+
+    def handle(self, records: Sequence[RawRecord]) -> Sequence[DeadLetter]:
+        """Apply a batch; return the records that belong in the DLQ."""
+        letters: list[DeadLetter] = []
+        work = self._plan_batch(records, letters)
+        applied = self._apply(work, letters)
+        now = self._clock()
+        for item in applied:
+            if item.plan.source_ts_ms is not None:
+                self._metrics.freshness.observe(max(0.0, now - item.plan.source_ts_ms / 1000))
+        return letters
+
+    # --- decode, plan, reduce ---------------------------------------------------------------
+
+    def _plan_batch(self, records: Sequence[RawRecord], letters: list[DeadLetter]) -> list[_Work]:
+        by_entity: dict[tuple[str | None, str], _Work] = {}
+        decode_s = plan_s = 0.0
+        for rec in records:
+            t0 = time.perf_counter()
+            try:
+                event = self._decode(rec)
+            except DecodeError as exc:
+                letters.append(DeadLetter(rec, exc.code, str(exc), "decode"))
+                self._count(rec.topic, "?", "dlq")
+                continue
+            finally:
+                decode_s += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            try:
+                plan = self._plan(event)
+            except (MappingError, RecordTooLargeError) as exc:
+                letters.append(DeadLetter(rec, exc.code, str(exc), "plan"))
+                self._count(rec.topic, event.op, "dlq")
+                continue
+            finally:
+                plan_s += time.perf_counter() - t1
+            if plan.action is Action.SKIP:
+                self._count(rec.topic, event.op or event.kind.value, "skipped")
+                continue
+            if plan.action is Action.DLQ:
+                letters.append(
+                    DeadLetter(rec, f"POLICY_{plan.reason.upper()}", plan.detail, "plan")
+                )
+                self._count(rec.topic, event.op or event.kind.value, "dlq")
+                continue
+            assert plan.entity_id is not None  # every non-skip plan names its entity
+            # Kafka keys changes by primary key, so one entity's events share a partition and
+            # arrive in commit order: the last one in the batch decides the entity's state.
+            key = (plan.tenant_id if plan.action is not Action.DELETE else None, plan.entity_id)
+            if plan.action is Action.DELETE:
+                # a delete also supersedes an earlier upsert of the entity in any tenant
+                for other in [k for k in by_entity if k[1] == plan.entity_id]:
+                    by_entity.pop(other)
+            else:
+                by_entity.pop((None, plan.entity_id), None)
+            previous = by_entity.pop(key, None)
+            item = _Work(plan, [*(previous.records if previous else []), rec])
+            by_entity[key] = item
+        self._metrics.stage_seconds.labels("decode").observe(decode_s)
+        self._metrics.stage_seconds.labels("plan").observe(plan_s)
+        return list(by_entity.values())
+
+    # --- apply ------------------------------------------------------------------------------
+
+    def _apply(self, work: Sequence[_Work], letters: list[DeadLetter]) -> list[_Work]:
+        upserts: list[tuple[_Work, Entity]] = []
+        applied: list[_Work] = []
+        for item in work:
+            plan = item.plan
+            if plan.action is Action.DELETE:
+                self._delete(plan)
+                applied.append(item)
+                self._count_all(item, "deleted")
+            elif plan.action is Action.REFETCH:
+                entity = self._refetch(item, letters)
+                if entity is None:
+                    continue
+                upserts.append((item, entity))
+            else:
+                assert plan.entity is not None
+                upserts.append((item, plan.entity))
+            if plan.previous_tenant_id is not None and plan.entity_id is not None:
+                self._delete_in_tenant(plan.previous_tenant_id, plan.entity_id)
+        applied.extend(self._upsert(upserts, letters))
+        return applied
+
+    def _refetch(self, item: _Work, letters: list[DeadLetter]) -> Entity | None:
+        plan = item.plan
+        if self._rows is None:
+            for rec in item.records:
+                letters.append(DeadLetter(rec, "CONTENT_UNAVAILABLE", plan.detail, "plan"))
+            self._count_all(item, "dlq")
+            return None
+        entity = self._rows.fetch_entity(plan)
+        if entity is None:
+            # The row is gone from the SoR: its chunks must go too.
+            self._delete(plan)
+            self._count_all(item, "deleted")
+            return None
+        self._count_all(item, "refetched")
+        return entity
+
+    def _delete(self, plan: Plan) -> None:
+        assert plan.entity_id is not None
+        tenants = [plan.tenant_id] if plan.tenant_id is not None else self._targets.known_tenants()
+        for tenant in tenants:
+            self._delete_in_tenant(tenant, plan.entity_id)
+
+    def _delete_in_tenant(self, tenant_id: str, entity_id: str) -> None:
+        started = time.perf_counter()
+        for target in self._targets.write_targets(tenant_id):
+            refs = self._store.entity_chunks(target.collection, tenant_id, entity_id)
+            if refs:
+                self._store.delete_points(target.collection, [r.point_id for r in refs.values()])
+                self._metrics.chunks_deleted.inc(len(refs))
+        self._metrics.stage_seconds.labels("write").observe(time.perf_counter() - started)
+
+    def _upsert(
+        self, upserts: Sequence[tuple[_Work, Entity]], letters: list[DeadLetter]
+    ) -> list[_Work]:
+        """Chunk, embed (one call for the whole batch) and write every entity to upsert."""
+        pending: list[tuple[_Work, Entity, TargetIndex, dict[str, ChunkRef], list[Chunk]]] = []
+        texts: list[str] = []
+        applied: list[_Work] = []
+        for item, entity in upserts:
+            targets = self._targets.write_targets(entity.tenant_id)
+            chunks: list[Chunk] | None = None
+            outcome: str | None = None
+            for target in targets:
+                refs = self._store.entity_chunks(
+                    target.collection, entity.tenant_id, entity.entity_id
+                )
+                current = indexed_version(refs)
+                if current is not None and is_provably_older(entity.version, current):
+                    outcome = "stale"
+                    continue
+                if refs and self._unchanged(refs, entity):
+                    outcome = outcome or "unchanged"
+                    continue
+                if chunks is None:
+                    chunks = self._chunk(item, entity, letters)
+                    if chunks is None:
+                        break
+                pending.append((item, entity, target, refs, chunks))
+                texts.extend(c.text for c in chunks)
+                outcome = "write"
+            if outcome == "stale":
+                self._metrics.skipped_older.inc()
+            if outcome in {"stale", "unchanged"}:
+                self._count_all(item, outcome)
+        if not pending:
+            return applied
+        vectors = self._embed(texts)
+        started = time.perf_counter()
+        offset = 0
+        by_collection: dict[str, list[PointRecord]] = {}
+        obsolete: dict[str, list[str]] = {}
+        indexed_at = _rfc3339(datetime.now(UTC))
+        for _item, entity, target, refs, chunks in pending:
+            points = []
+            for chunk in chunks:
+                point = self._point(
+                    entity,
+                    chunk=chunk,
+                    target=target,
+                    vector=vectors[offset],
+                    indexed_at=indexed_at,
+                    chunk_count=len(chunks),
+                )
+                points.append(point)
+                offset += 1
+            by_collection.setdefault(target.collection, []).extend(points)
+            keep = {c.chunk_id for c in chunks}
+            gone = [ref.point_id for cid, ref in refs.items() if cid not in keep]
+            obsolete.setdefault(target.collection, []).extend(gone)
+        for collection, points in by_collection.items():
+            for start in range(0, len(points), 256):
+                self._store.upsert(collection, points[start : start + 256], wait=True)
+            self._metrics.chunks_upserted.inc(len(points))
+        for collection, ids in obsolete.items():
+            if ids:
+                self._store.delete_points(collection, ids, wait=True)
+                self._metrics.chunks_deleted.inc(len(ids))
+        self._metrics.stage_seconds.labels("write").observe(time.perf_counter() - started)
+        seen: set[int] = set()
+        for item, *_ in pending:
+            if id(item) not in seen:
+                seen.add(id(item))
+                applied.append(item)
+                self._count_all(item, "upserted")
+        return applied
+
+    def _unchanged(self, refs: Mapping[str, ChunkRef], entity: Entity) -> bool:
+        """Same content hash on every chunk and a complete chunk set: nothing to re-embed.
+
+        Metadata-only changes (title, type, keywords) still rewrite payloads via a re-upsert,
+        so only a row whose indexed payload already matches is skipped outright.
+        """
+        expected = {r.payload.get(CHUNK_COUNT) for r in refs.values()}
+        if expected != {len(refs)}:
+            return False  # a crash left extra or missing chunks: rewrite
+        for ref in refs.values():
+            p = ref.payload
+            if (
+                ref.source_hash != entity.content_hash
+                or p.get("title") != entity.title
+                or p.get(ENTITY_TYPE) != entity.entity_type
+                or p.get(VERSION_UPDATED_AT) != entity.version.updated_at_us
+                or any(p.get(k) != entity.metadata.get(k) for k in self._keyword_fields)
+            ):
+                return False
+        return True
+
+    def _chunk(self, item: _Work, entity: Entity, letters: list[DeadLetter]) -> list[Chunk] | None:
+        started = time.perf_counter()
+        try:
+            chunks = self._preparer.chunks(entity)
+        except (ChunkingError, MappingError) as exc:
+            for rec in item.records:
+                letters.append(DeadLetter(rec, exc.code, str(exc), "chunk"))
+            self._count_all(item, "dlq")
+            return None
+        finally:
+            self._metrics.stage_seconds.labels("chunk").observe(time.perf_counter() - started)
+        return chunks
+
+    def _embed(self, texts: list[str]) -> Vectors:
+        started = time.perf_counter()
+        vectors = self._embedder.embed_documents(texts)
+        self._metrics.embedding_calls.inc()
+        self._metrics.stage_seconds.labels("embed").observe(time.perf_counter() - started)
+        return vectors
+
+    def _point(
+        self,
+        entity: Entity,
+        *,
+        chunk: Chunk,
+        target: TargetIndex,
+        vector: Any,
+        indexed_at: str | None,
+        chunk_count: int,
+    ) -> PointRecord:
+        spec = self._embedder.spec
+        payload: dict[str, Any] = {
+            TENANT_ID: entity.tenant_id,
+            ENTITY_ID: entity.entity_id,
+            CHUNK_ID: chunk.chunk_id,
+            SOURCE_HASH: entity.content_hash,
+            ENTITY_TYPE: entity.entity_type,
+            "chunk_index": chunk.chunk_index,
+            CHUNK_COUNT: chunk_count,  # the whole set's size: detects partial writes
+            "locator": chunk.locator.model_dump(mode="json"),
+            "title": entity.title,
+            "text": chunk.text,
+            "content_format": entity.content_format.value,
+            "created_at": _rfc3339(entity.created_at),
+            "updated_at": _rfc3339(entity.updated_at),
+            "embedding_model": spec.name,
+            "embedding_version": spec.model_version,
+            "index_version": target.version,
+            "indexed_at": indexed_at,
+            **version_payload(entity.version),
+        }
+        event_date = self._event_date(entity)
+        if event_date is not None:
+            payload[EVENT_DATE] = event_date
+        for key in self._keyword_fields:
+            value = entity.metadata.get(key)
+            if isinstance(value, str | int | bool):
+                payload[key] = value
+        return PointRecord(
+            point_id=point_id(entity.tenant_id, chunk.chunk_id, target.version),
+            dense=vector,
+            sparse=self._sparse.encode_document(chunk.text),
+            payload=payload,
+        )
+
+    def _event_date(self, entity: Entity) -> str | None:
+        if self._event_date_field is None:
+            return _rfc3339(entity.updated_at)
+        value = entity.metadata.get(self._event_date_field)
+        return value if isinstance(value, str) else None
+
+    # --- counting ---------------------------------------------------------------------------
+
+    def _count(self, topic: str, op: object, outcome: str) -> None:
+        self._metrics.events.labels(topic, str(op) if op is not None else "?", outcome).inc()
+
+    def _count_all(self, item: _Work, outcome: str) -> None:
+        for rec in item.records:
+            self._count(rec.topic, item.plan.op, outcome)
