@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragstream.errors import MappingError
 from schemas.entities import ContentFormat, EntityVersion
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _FORMAT_ALIASES: dict[str, ContentFormat] = {
     "text": ContentFormat.TEXT,
@@ -126,8 +128,9 @@ def to_datetime(value: object, where: str) -> datetime:
         return datetime(value.year, value.month, value.day, tzinfo=UTC)
     if isinstance(value, int) and not isinstance(value, bool):
         try:
-            return datetime.fromtimestamp(value / 1_000_000, tz=UTC)
-        except (OverflowError, OSError, ValueError) as exc:
+            # integer arithmetic: a float division would round away microseconds
+            return _EPOCH + timedelta(microseconds=value)
+        except OverflowError as exc:
             raise MappingError(f"{where}: epoch microseconds {value} out of range") from exc
     if isinstance(value, str):
         text = value.strip().replace("Z", "+00:00") if value.strip().endswith("Z") else value
@@ -141,7 +144,7 @@ def to_datetime(value: object, where: str) -> datetime:
 
 def epoch_us(moment: datetime) -> int:
     """Microseconds since the epoch, exact (no float rounding)."""
-    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
+    delta = moment - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
