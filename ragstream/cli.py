@@ -1,0 +1,140 @@
+"""The `ragstream` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ragstream.errors import RagstreamError
+
+
+def _print_json(doc: Any) -> None:
+    json.dump(doc, sys.stdout, indent=2, ensure_ascii=False, default=str)
+    sys.stdout.write("\n")
+
+
+def _cmd_inspect_event(args: argparse.Namespace) -> int:
+    from ragstream.embedders.local_onnx import MINILM_SPEC
+    from streams.inspect import inspect_record, read_record
+    from streams.prepare import ChunkingSettings, Preparer
+
+    if args.file is None and args.value is None and args.key is None:
+        raise RagstreamError("give a record file, or --key/--value files")
+    raw = read_record(args.file, args.key, args.value, args.topic)
+    preparer = Preparer(MINILM_SPEC, ChunkingSettings(max_tokens=args.max_tokens))
+    _print_json(inspect_record(raw, preparer=preparer))
+    return 0
+
+
+def _cmd_chunk_preview(args: argparse.Namespace) -> int:
+    from ragstream.embedders.local_onnx import MINILM_SPEC
+    from ragstream.tokenizers import chunk_budget, load_token_counter
+    from schemas.entities import ContentFormat
+    from streams.chunk_preview import preview
+
+    text = args.file.read_text() if args.file is not None else sys.stdin.read()
+    tokenizer = args.tokenizer or MINILM_SPEC.tokenizer
+    max_tokens = args.max_tokens
+    if args.tokenizer is None:
+        # the model's own budget caps what was asked for
+        max_tokens = chunk_budget(MINILM_SPEC, load_token_counter(tokenizer), args.max_tokens)
+    elif max_tokens is None:
+        raise RagstreamError("--max-tokens is required with a custom --tokenizer")
+    report = preview(
+        text,
+        ContentFormat(args.format),
+        tokenizer_ref=tokenizer,
+        max_tokens=max_tokens,
+        overlap_tokens=args.overlap,
+        strategy=args.strategy,
+        redact_pii=args.redact_pii,
+    )
+    _print_json(report)
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.target == "store":
+        from ragstream.bench import store
+
+        sizes = tuple(int(s) for s in args.sizes.split(","))
+        _print_json(store.run(sizes=sizes, queries=args.queries))
+    elif args.target == "embedder":
+        from ragstream.bench import embedder
+
+        _print_json(embedder.run(n=args.n, batch_size=args.batch_size))
+    return 0
+
+
+def _cmd_dev(args: argparse.Namespace) -> int:
+    from ragstream.dev import run_dev
+
+    return run_dev(data_dir=args.data_dir)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="ragstream", description="Keep a retrieval index true to its system of record."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("inspect-event", help="what ingest would do with one Debezium record")
+    p.add_argument("file", nargs="?", type=Path, help="JSON object with key, value, headers")
+    p.add_argument("--key", type=Path, help="file holding the record key")
+    p.add_argument("--value", type=Path, help="file holding the record value")
+    p.add_argument("--topic", default="sor.public.entities", help="topic the record came from")
+    p.add_argument("--max-tokens", type=int, default=None, help="chunk budget (model cap)")
+    p.set_defaults(func=_cmd_inspect_event)
+
+    p = sub.add_parser("chunk-preview", help="normalize and chunk a file, print chunks as JSON")
+    p.add_argument("file", nargs="?", type=Path, help="input file (default: stdin)")
+    p.add_argument("--format", choices=["text", "html", "markdown"], default="text")
+    p.add_argument("--strategy", choices=["sentence", "paragraph"], default="sentence")
+    p.add_argument("--max-tokens", type=int, default=None, help="chunk budget")
+    p.add_argument("--overlap", type=int, default=None, help="overlap tokens")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tiktoken:<encoding> | hf:<tokenizer.json> (default: the local model's)",
+    )
+    p.add_argument("--redact-pii", action="store_true", help="redact emails and phone numbers")
+    p.set_defaults(func=_cmd_chunk_preview)
+
+    p = sub.add_parser("bench", help="benchmarks (JSON output)")
+    p.add_argument("target", choices=["store", "embedder"])
+    p.add_argument("--sizes", default="10000,100000", help="store: point counts")
+    p.add_argument("--queries", type=int, default=200, help="store: queries per size")
+    p.add_argument("--n", type=int, default=300, help="embedder: passages")
+    p.add_argument("--batch-size", type=int, default=32, help="embedder: batch size")
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("dev", help="run the whole system on its embedded defaults")
+    p.add_argument("--data-dir", type=Path, default=Path("data"), help="state directory")
+    p.set_defaults(func=_cmd_dev)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `ragstream` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        code: int = args.func(args)
+    except RagstreamError as exc:
+        print(f"ragstream: error [{exc.code}]: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
