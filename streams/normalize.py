@@ -1,0 +1,373 @@
+"""Normalize an entity's content into the text that gets chunked, embedded and hashed.
+
+Pure and deterministic: the same content, format and options give the same text byte for byte,
+so `content_sha256` of the result is a stable identity for "did the indexed text change".
+
+- HTML: parsed with the stdlib `html.parser` into readable text. Block elements become paragraph
+  breaks, `<br>` a newline, list items and table rows their own lines (`- item`, `1. item`,
+  `a | b`), headings Markdown-style `## Title` lines (so chunk locators can carry a section path),
+  `<pre>` keeps its line breaks; script/style/head/template/noscript are dropped; entities are
+  unescaped.
+- Markdown: kept as Markdown (headings, lists, emphasis, links, code fences); only HTML comments
+  are removed. Leading indentation (nested lists, indented code) and the inside of fenced code
+  blocks keep their spacing.
+- Everything: NFC, `\\r\\n`/`\\r`/Unicode line separators -> `\\n`, control characters other than
+  `\\n` removed, runs of spaces/tabs collapsed to one space, trailing spaces stripped, at most one
+  blank line between paragraphs, no leading/trailing blank lines.
+- Optional PII redaction (emails -> `[EMAIL]`, phone numbers -> `[PHONE]`), applied last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from typing import Literal
+
+from schemas.entities import ContentFormat
+
+PiiKind = Literal["email", "phone"]
+ALL_PII_KINDS: frozenset[PiiKind] = frozenset({"email", "phone"})
+EMAIL_PLACEHOLDER = "[EMAIL]"
+PHONE_PLACEHOLDER = "[PHONE]"
+
+
+@dataclass(frozen=True)
+class NormalizeOptions:
+    """How to normalize: PII redaction is off unless configured."""
+
+    redact_pii: bool = False
+    pii_kinds: frozenset[PiiKind] = ALL_PII_KINDS  # which kinds `redact_pii` redacts
+
+
+@dataclass(frozen=True)
+class NormalizedText:
+    """Normalized text plus what the normalizer did to get it (extraction metadata)."""
+
+    text: str
+    extracted_from: str  # the source format, e.g. "html", "markdown", "text"
+    original_length: int  # characters of the content before normalization
+    redactions: dict[str, int] = field(default_factory=dict)  # PII kind -> replacements
+
+    @property
+    def sha256(self) -> str:
+        """`content_sha256(self.text)`."""
+        return content_sha256(self.text)
+
+    def metadata(self) -> dict[str, object]:
+        """Extraction metadata for payloads and logs (JSON-serializable)."""
+        return {
+            "extracted_from": self.extracted_from,
+            "original_length": self.original_length,
+            "normalized_length": len(self.text),
+            "redactions": dict(sorted(self.redactions.items())),
+        }
+
+
+def content_sha256(text: str) -> str:
+    """SHA-256 hex digest of `text` encoded as UTF-8 (pass the normalized text)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def normalize(content: str, fmt: ContentFormat, options: NormalizeOptions) -> NormalizedText:
+    """Normalize `content` written in `fmt` (see the module docstring for the rules)."""
+    if fmt is ContentFormat.HTML:
+        text = normalize_whitespace(html_to_text(content), keep_indent=False)
+    elif fmt is ContentFormat.MARKDOWN:
+        text = normalize_whitespace(_strip_markdown_comments(content), keep_indent=True)
+    else:
+        text = normalize_whitespace(content, keep_indent=False)
+    redactions: dict[str, int] = {}
+    if options.redact_pii:
+        text, redactions = redact_pii(text, options.pii_kinds)
+    return NormalizedText(
+        text=text,
+        extracted_from=fmt.value,
+        original_length=len(content),
+        redactions=redactions,
+    )
+
+
+# --- whitespace --------------------------------------------------------------------------------
+
+_LINE_BREAKS = re.compile(r"\r\n|[\r\u2028\u2029\x0b\x0c\x85]")
+# Invisible characters with no meaning in text (BOM, zero-width space). ZWJ/ZWNJ stay: emoji
+# sequences and several scripts need them.
+_INVISIBLE = dict.fromkeys(map(ord, "\ufeff\u200b"), None)
+_SPACE_CLASS = r"[ \t\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]"
+_SPACES = " \t\u00a0\u1680\u202f\u205f\u3000" + "".join(map(chr, range(0x2000, 0x200B)))
+_SPACE_RUN = re.compile(_SPACE_CLASS + "+")
+_LEADING_SPACE = re.compile("^" + _SPACE_CLASS + "*")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+
+def _drop_controls(text: str) -> str:
+    # Cc other than \n and \t (tabs are collapsed as spaces afterwards), and lone surrogates
+    # (Cs: a JSON "\\ud800" escape decodes to one), which UTF-8 cannot encode.
+    kept = (ch for ch in text if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs"))
+    return "".join(kept).translate(_INVISIBLE)
+
+
+def normalize_whitespace(text: str, *, keep_indent: bool) -> str:
+    """NFC + line-break, control-character and space normalization (module docstring).
+
+    `keep_indent` keeps each line's leading indentation (tabs as 4 spaces) and the spacing
+    inside fenced code blocks, which carry meaning in Markdown.
+    """
+    text = unicodedata.normalize("NFC", _LINE_BREAKS.sub("\n", text))
+    text = _drop_controls(text)
+    out: list[str] = []
+    fence: str | None = None  # the opening marker while inside a fenced code block
+    blank_pending = False
+    for raw in text.split("\n"):
+        line = raw.rstrip(_SPACES)
+        if fence is not None:
+            marker = _FENCE.match(line)
+            if marker and marker.group(1)[0] == fence[0] and len(marker.group(1)) >= len(fence):
+                fence = None
+            # else: a code line keeps its spacing; only trailing spaces went.
+        else:
+            if keep_indent and (marker := _FENCE.match(line)):
+                fence = marker.group(1)
+            line = _collapse_line(line, keep_indent=keep_indent)
+        if not line:
+            blank_pending = bool(out)
+            continue
+        if blank_pending:
+            out.append("")
+            blank_pending = False
+        out.append(line)
+    return "\n".join(out)
+
+
+def _collapse_line(line: str, *, keep_indent: bool) -> str:
+    indent = ""
+    if keep_indent:
+        lead = _LEADING_SPACE.match(line)
+        assert lead is not None  # the pattern matches the empty string
+        indent = lead.group(0).replace("\t", "    ")
+        indent = " " * len(indent)
+    return indent + _SPACE_RUN.sub(" ", line).strip(" ")
+
+
+_MD_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+
+
+def _strip_markdown_comments(text: str) -> str:
+    # HTML comments are invisible in rendered Markdown; inside code fences they are code.
+    parts: list[str] = []
+    prose: list[str] = []
+    fence: str | None = None
+    for line in text.splitlines(keepends=True):
+        marker = _FENCE.match(line)
+        if fence is None:
+            if marker:
+                parts.append(_MD_COMMENT.sub("", "".join(prose)))
+                prose = []
+                fence = marker.group(1)
+                parts.append(line)
+            else:
+                prose.append(line)
+        else:
+            parts.append(line)
+            if marker and marker.group(1)[0] == fence[0] and len(marker.group(1)) >= len(fence):
+                fence = None
+    parts.append(_MD_COMMENT.sub("", "".join(prose)))
+    return "".join(parts)
+
+
+# --- HTML ----------------------------------------------------------------------------------------
+
+_DROPPED = frozenset({"script", "style", "head", "template", "noscript", "svg", "iframe", "object"})
+_VOID = frozenset(
+    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "wbr"}
+)
+_BLOCKS = frozenset(
+    {
+        "address", "article", "aside", "blockquote", "body", "caption", "center", "details",
+        "dialog", "dir", "div", "dl", "fieldset", "figcaption", "figure", "footer", "form",
+        "header", "hgroup", "hr", "html", "legend", "main", "menu", "nav", "ol", "p", "pre",
+        "section", "summary", "table", "tbody", "tfoot", "thead", "ul",
+    }
+)  # fmt: skip
+_LINES = frozenset({"li", "tr", "dt", "dd", "option"})
+_HEADINGS = {f"h{n}": n for n in range(1, 7)}
+_PARAGRAPH, _LINE = 2, 1
+
+
+class _HtmlText(HTMLParser):
+    """Collects readable text; breaks are kept as levels and resolved in `text()`."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self._out: list[str] = []
+        self._pending_break = 0
+        self._dropped: list[str] = []  # open dropped elements (their content is skipped)
+        self._pre = 0
+        self._heading = 0
+        self._lists: list[list[int]] = []  # per open list: [is_ordered, next number]
+        self._cells: list[int] = []  # per open table row: cells seen
+
+    def _break(self, level: int) -> None:
+        self._pending_break = max(self._pending_break, level)
+
+    def _emit(self, text: str) -> None:
+        if not text:
+            return
+        if self._pending_break and self._out:
+            self._out.append("\n\n" if self._pending_break >= _PARAGRAPH else "\n")
+        self._pending_break = 0
+        self._out.append(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if self._dropped:
+            if tag in _DROPPED:
+                self._dropped.append(tag)
+            return
+        if tag in _DROPPED:
+            self._dropped.append(tag)
+            return
+        if tag == "br":
+            if self._heading:
+                self._emit(" ")
+            else:
+                self._break(_LINE)
+        elif tag in _HEADINGS:
+            self._break(_PARAGRAPH)
+            self._emit("#" * _HEADINGS[tag] + " ")
+            self._heading += 1
+        elif tag in ("ul", "ol", "menu", "dir"):
+            self._break(_PARAGRAPH if not self._lists else _LINE)
+            self._lists.append([1 if tag == "ol" else 0, 1])
+        elif tag == "li":
+            self._break(_LINE)
+            if self._lists and self._lists[-1][0]:
+                self._emit(f"{self._lists[-1][1]}. ")
+                self._lists[-1][1] += 1
+            else:
+                self._emit("- ")
+        elif tag == "tr":
+            self._break(_LINE)
+            self._cells.append(0)
+        elif tag in ("td", "th"):
+            if self._cells:
+                if self._cells[-1]:
+                    self._emit(" | ")
+                self._cells[-1] += 1
+        elif tag in _BLOCKS:
+            self._break(_PARAGRAPH)
+            if tag == "pre":
+                self._pre += 1
+        elif tag in _LINES:
+            self._break(_LINE)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.handle_starttag(tag, attrs)
+        if tag not in _VOID:
+            self.handle_endtag(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._dropped:
+            # Close the innermost dropped element of this name (tolerates sloppy nesting).
+            if tag in self._dropped:
+                idx = len(self._dropped) - 1 - self._dropped[::-1].index(tag)
+                del self._dropped[idx:]
+            return
+        if tag in _HEADINGS:
+            self._heading = max(0, self._heading - 1)
+            self._break(_PARAGRAPH)
+        elif tag in ("ul", "ol", "menu", "dir"):
+            if self._lists:
+                self._lists.pop()
+            self._break(_PARAGRAPH if not self._lists else _LINE)
+        elif tag == "tr":
+            if self._cells:
+                self._cells.pop()
+            self._break(_LINE)
+        elif tag in _BLOCKS:
+            if tag == "pre":
+                self._pre = max(0, self._pre - 1)
+            self._break(_PARAGRAPH)
+        elif tag in _LINES:
+            self._break(_LINE)
+
+    def handle_data(self, data: str) -> None:
+        if self._dropped:
+            return
+        if self._pre and not self._heading:
+            lines = _LINE_BREAKS.sub("\n", data).split("\n")
+            for n, line in enumerate(lines):
+                if n:
+                    self._break(_LINE)
+                self._emit(line)
+            return
+        # Outside <pre>, HTML collapses any whitespace run (newlines included) to one space.
+        collapsed = re.sub(r"\s+", " ", data)
+        if collapsed == " " and (self._pending_break or not self._out):
+            return
+        self._emit(collapsed)
+
+    def text(self) -> str:
+        """The collected text (whitespace not yet normalized)."""
+        return "".join(self._out)
+
+
+def html_to_text(html: str) -> str:
+    """Readable text of an HTML document or fragment (see the module docstring)."""
+    parser = _HtmlText()
+    parser.feed(html)
+    parser.close()
+    return parser.text()
+
+
+# --- PII -----------------------------------------------------------------------------------------
+
+_EMAIL = re.compile(
+    r"(?<![\w.%+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@"
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,}(?![\w-])"
+)
+# Phone numbers need the shape of one: a leading "+" country code, a North-American 3-3-4 with
+# separators, or a trunk "0" followed by separated groups. Bare digit runs (order ids), dates,
+# versions, IP addresses and codes like E-1042 have none of these shapes.
+_PHONE = re.compile(
+    r"(?<![\w+.\-/])"
+    r"(?:"
+    r"\+\d{1,3}(?:[ .-]?\(\d{1,4}\)|[ .-]?\d{1,4})(?:[ .-]?\d{2,4}){1,5}"
+    r"|(?:\(\d{3}\) ?|\d{3}[ .-])\d{3}[ .-]\d{4}"
+    r"|0\d{1,4}(?:[ .-]\d{2,8}){1,4}"
+    r")"
+    r"(?![\w\-/]|[.,:]\d)"
+)
+_MIN_PHONE_DIGITS, _MAX_PHONE_DIGITS = 9, 15
+
+
+def _phone_or_keep(match: re.Match[str]) -> str:
+    digits = sum(ch.isdigit() for ch in match.group(0))
+    if _MIN_PHONE_DIGITS <= digits <= _MAX_PHONE_DIGITS:
+        return PHONE_PLACEHOLDER
+    return match.group(0)
+
+
+def redact_pii(text: str, kinds: frozenset[PiiKind] = ALL_PII_KINDS) -> tuple[str, dict[str, int]]:
+    """Replace emails with `[EMAIL]` and phone numbers with `[PHONE]`; returns counts per kind."""
+    counts: dict[str, int] = {}
+    if "email" in kinds:
+        text, n = _EMAIL.subn(EMAIL_PLACEHOLDER, text)
+        counts["email"] = n
+    if "phone" in kinds:
+        replaced = 0
+
+        def count_phone(match: re.Match[str]) -> str:
+            nonlocal replaced
+            out = _phone_or_keep(match)
+            if out == PHONE_PLACEHOLDER:
+                replaced += 1
+            return out
+
+        replacer: Callable[[re.Match[str]], str] = count_phone
+        text = _PHONE.sub(replacer, text)
+        counts["phone"] = replaced
+    return text, counts
