@@ -1,0 +1,127 @@
+"""Settings of the Retrieve pipeline: request bounds, candidate over-fetch, fusion, thresholds.
+
+Everything a request may not override lives here (seed 001 §3.4); the only request-side knob is
+`min_similarity_override`, checked against `min_similarity_override_min/max`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ragstream.fusion import FusionMethod
+from ragstream.store.base import CHUNK_ID, ENTITY_ID, ENTITY_TYPE, EVENT_DATE, TENANT_ID
+from retrieval_api.ranking import ScoreKind, Thresholds
+
+#: How a keyword filter field's values are typed in the payload (and parsed from the request).
+KeywordKind = Literal["keyword", "integer", "bool"]
+
+# Fields with their own filter (or none at all): never a configurable keyword filter.
+_RESERVED_FIELDS = frozenset({TENANT_ID, CHUNK_ID, ENTITY_ID, ENTITY_TYPE, EVENT_DATE})
+_FIELD_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+class ThresholdConfig(BaseModel):
+    """Hard and soft thresholds on one kind of calibrated score."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hard: float = Field(description="Below it a chunk is excluded (BELOW_THRESHOLD).")
+    medium: float = Field(description="At or above: confidence MEDIUM (else LOW).")
+    high: float = Field(description="At or above: confidence HIGH.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        # Thresholds builds the same checks; failing here names the setting at load time.
+        Thresholds(self.hard, self.medium, self.high)
+        return self
+
+
+class RetrievalConfig(BaseModel):
+    """Deployment settings of the Retrieve pipeline (defaults suit all-MiniLM-L6-v2 cosine)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # --- request bounds ---
+    max_query_chars: int = Field(default=2000, ge=1, le=100_000, description="After trim and NFC.")
+    default_top_k: int = Field(default=5, ge=1)
+    max_top_k: int = Field(default=50, ge=1, le=1000)
+    max_request_id_chars: int = Field(default=128, ge=8, le=1024)
+
+    # --- candidates and fusion ---
+    candidate_multiplier: int = Field(
+        default=4, ge=1, le=100, description="candidate_k = top_k x this."
+    )
+    max_candidate_k: int = Field(default=200, ge=1, le=10_000, description="Cap on candidate_k.")
+    hybrid: bool = Field(default=True, description="Run the sparse (BM25-style) branch and fuse.")
+    fusion_method: FusionMethod = "rrf"
+    dense_weight: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    sparse_weight: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    rrf_k: float = Field(default=60.0, ge=0, allow_inf_nan=False)
+
+    # --- ranking ---
+    dedup_per_entity: bool = Field(
+        default=True, description="Keep only the best chunk of each entity."
+    )
+    rerank_enabled: bool = False
+    cosine_thresholds: ThresholdConfig = ThresholdConfig(hard=0.25, medium=0.40, high=0.60)
+    # Rerankers are expected to report a relevance probability in [0, 1] (sigmoid of the logit).
+    rerank_thresholds: ThresholdConfig = ThresholdConfig(hard=0.10, medium=0.50, high=0.80)
+    min_similarity_override_min: float = Field(
+        default=0.0, description="Lowest hard threshold allowed."
+    )
+    min_similarity_override_max: float = Field(
+        default=0.95, description="Highest hard threshold allowed."
+    )
+
+    # --- filters ---
+    keyword_filter_fields: dict[str, KeywordKind] = Field(
+        default_factory=dict,
+        description="Payload fields a request may filter on (e.g. equipment_id) and their type.",
+    )
+    max_filter_values: int = Field(default=100, ge=1, le=10_000, description="Per filter list.")
+    max_filter_value_chars: int = Field(default=256, ge=1, le=4096)
+
+    @field_validator("keyword_filter_fields")
+    @classmethod
+    def _check_fields(cls, fields: dict[str, KeywordKind]) -> dict[str, KeywordKind]:
+        for name in fields:
+            if not _FIELD_NAME_RE.fullmatch(name):
+                raise ValueError(f"keyword filter field {name!r}: expected [A-Za-z_][A-Za-z0-9_]*")
+            if name in _RESERVED_FIELDS:
+                raise ValueError(f"keyword filter field {name!r} is reserved (own filter)")
+        return fields
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.default_top_k > self.max_top_k:
+            raise ValueError("default_top_k must be <= max_top_k")
+        if self.max_candidate_k < self.max_top_k:
+            raise ValueError("max_candidate_k must be >= max_top_k (never fetch fewer than asked)")
+        if self.dense_weight == 0 and (self.sparse_weight == 0 or not self.hybrid):
+            raise ValueError("at least one enabled fusion branch needs a weight > 0")
+        low, high = self.min_similarity_override_min, self.min_similarity_override_max
+        if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+            raise ValueError("min_similarity_override_min/max must be finite with min <= max")
+        return self
+
+    @property
+    def score_kind(self) -> ScoreKind:
+        """The calibrated score thresholds apply to when every stage runs as configured."""
+        return ScoreKind.RERANK if self.rerank_enabled else ScoreKind.COSINE
+
+    def candidate_k(self, top_k: int) -> int:
+        """Candidates to fetch for `top_k` results: top_k x multiplier, capped."""
+        return min(top_k * self.candidate_multiplier, self.max_candidate_k)
+
+    def thresholds(self, kind: ScoreKind, override: float | None = None) -> Thresholds:
+        """The thresholds of `kind`, the hard one replaced by a (validated) request override.
+
+        An override above a soft threshold lifts it too, so the classes stay ordered.
+        """
+        base = self.cosine_thresholds if kind is ScoreKind.COSINE else self.rerank_thresholds
+        hard = base.hard if override is None else override
+        return Thresholds(hard, max(base.medium, hard), max(base.high, hard))

@@ -1,0 +1,355 @@
+"""From fused candidates to the ordered results of a request (pure; DESIGN decision 9).
+
+Thresholds apply to a *calibrated* score only: the cosine similarity of query and chunk, or the
+reranker's score when a reranker ran. The fused score (RRF or convex) orders candidates inside
+the store's hybrid search but is never compared to a threshold: an RRF value says where a hit
+ranked, not how relevant it is.
+
+Steps, over candidates sorted by (final score desc, chunk_id asc, point id asc):
+1. re-check the request's filters on each payload (defence in depth; a tenant mismatch raises);
+2. hard threshold on the final score -> BELOW_THRESHOLD;
+3. the same chunk twice, or (when enabled) a worse chunk of an already kept entity -> DUPLICATE;
+4. the first `top_k` survivors are the results; the rest stay in `reserve`, so the evidence stage
+   can backfill when the SoR check excludes a result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from ragstream.errors import StoreError
+from ragstream.fusion import FusedHit
+from ragstream.store.base import (
+    ENTITY_ID,
+    ENTITY_TYPE,
+    TENANT_ID,
+    PayloadValue,
+    Range,
+    StoreFilter,
+    datetime_bounds,
+    numeric_bounds,
+)
+
+
+class ScoreKind(StrEnum):
+    """Which calibrated score is the final score."""
+
+    COSINE = "cosine"
+    RERANK = "rerank"
+
+
+class Confidence(StrEnum):
+    """Soft-threshold class of the best result; NONE when there is no evidence."""
+
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+    NONE = "none"
+
+
+class ExclusionReason(StrEnum):
+    """Why a candidate is not in the evidence pack."""
+
+    DELETED = "deleted"
+    STALE = "stale"
+    MISSING = "missing"
+    FILTERED = "filtered"
+    BELOW_THRESHOLD = "below_threshold"
+    DUPLICATE = "duplicate"
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Hard threshold (below it a chunk is excluded) and soft ones (confidence classes)."""
+
+    hard: float
+    medium: float
+    high: float
+
+    def __post_init__(self) -> None:
+        for name in ("hard", "medium", "high"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"threshold {name} must be finite")
+        if not self.hard <= self.medium <= self.high:
+            raise ValueError(
+                f"thresholds must satisfy hard <= medium <= high, got "
+                f"{self.hard} / {self.medium} / {self.high}"
+            )
+
+    def classify(self, score: float) -> Confidence:
+        """The confidence class of a final score."""
+        if score >= self.high:
+            return Confidence.HIGH
+        if score >= self.medium:
+            return Confidence.MEDIUM
+        if score >= self.hard:
+            return Confidence.LOW
+        return Confidence.NONE
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A fused hit with its calibrated scores.
+
+    `similarity` is the cosine similarity of query and chunk: the dense branch's score when that
+    branch returned the hit, otherwise computed by the caller from the stored vector (see
+    `calibrate`). `rerank` is the reranker's score when a reranker ran.
+    """
+
+    hit: FusedHit
+    similarity: float
+    rerank: float | None = None
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.similarity):
+            raise ValueError(f"candidate {self.hit.chunk_id}: similarity is not finite")
+        if self.rerank is not None and not math.isfinite(self.rerank):
+            raise ValueError(f"candidate {self.hit.chunk_id}: rerank score is not finite")
+
+    @property
+    def chunk_id(self) -> str:
+        """The chunk id."""
+        return self.hit.chunk_id
+
+    @property
+    def point_id(self) -> str:
+        """The point id."""
+        return self.hit.point_id
+
+    @property
+    def entity_id(self) -> str:
+        """The source entity id (the chunk id when the payload lacks one)."""
+        value = self.hit.payload.get(ENTITY_ID)
+        return value if isinstance(value, str) and value else self.hit.chunk_id
+
+    def final(self, kind: ScoreKind) -> float:
+        """The score thresholds and order use."""
+        if kind is ScoreKind.COSINE:
+            return self.similarity
+        if self.rerank is None:
+            raise ValueError(f"candidate {self.chunk_id} has no rerank score")
+        return self.rerank
+
+
+def needs_similarity(fused: Sequence[FusedHit]) -> list[FusedHit]:
+    """The hits only the sparse branch returned: their cosine must be computed by the caller."""
+    return [hit for hit in fused if hit.dense_score is None]
+
+
+def calibrate(
+    fused: Sequence[FusedHit],
+    *,
+    similarity_for_sparse_only: Mapping[str, float] | None = None,
+    rerank_scores: Mapping[str, float] | None = None,
+) -> list[Candidate]:
+    """Attach calibrated scores to fused hits (mappings are keyed by point id).
+
+    A hit from the dense branch uses its dense score (cosine); a sparse-only hit must have an
+    entry in `similarity_for_sparse_only` (cosine of the query vector and the stored vector;
+    see `needs_similarity`), else ValueError: its fused score must never stand in for one.
+    When `rerank_scores` is given, every hit must have one.
+    """
+    recomputed = similarity_for_sparse_only or {}
+    out: list[Candidate] = []
+    for hit in fused:
+        similarity = hit.dense_score
+        if similarity is None:
+            similarity = recomputed.get(hit.point_id)
+        if similarity is None:
+            raise ValueError(
+                f"hit {hit.chunk_id} (point {hit.point_id}) came from the sparse branch only: "
+                "supply its cosine similarity in similarity_for_sparse_only"
+            )
+        rerank: float | None = None
+        if rerank_scores is not None:
+            if hit.point_id not in rerank_scores:
+                raise ValueError(f"no rerank score for hit {hit.chunk_id} (point {hit.point_id})")
+            rerank = float(rerank_scores[hit.point_id])
+        out.append(Candidate(hit, float(similarity), rerank))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RankedChunk:
+    """A candidate that survived filters, threshold and dedup, with its final score."""
+
+    candidate: Candidate
+    final: float
+
+    @property
+    def chunk_id(self) -> str:
+        """The chunk id."""
+        return self.candidate.chunk_id
+
+    @property
+    def entity_id(self) -> str:
+        """The source entity id."""
+        return self.candidate.entity_id
+
+    @property
+    def payload(self) -> Mapping[str, Any]:
+        """The point's payload."""
+        return self.candidate.hit.payload
+
+
+@dataclass(frozen=True, slots=True)
+class Excluded:
+    """A candidate left out of the pack, and why."""
+
+    chunk_id: str
+    entity_id: str
+    reason: ExclusionReason
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class RankingCounters:
+    """What the ranking stage did, for the pack's debug counters and metrics."""
+
+    candidates: int
+    rejected_by_filter: int
+    rejected_by_threshold: int
+    deduplicated: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """The ordered outcome of ranking one request's candidates.
+
+    `results` are the first `top_k` survivors, `reserve` the remaining survivors (same order),
+    used to backfill results the SoR check excludes. Verify `survivors` in one batch.
+    """
+
+    results: tuple[RankedChunk, ...]
+    reserve: tuple[RankedChunk, ...]
+    excluded: tuple[Excluded, ...]
+    counters: RankingCounters
+    score_kind: ScoreKind
+    thresholds: Thresholds
+    top_k: int
+
+    @property
+    def survivors(self) -> tuple[RankedChunk, ...]:
+        """Results then reserve, best first."""
+        return self.results + self.reserve
+
+    @property
+    def no_evidence(self) -> bool:
+        """True when nothing survived: the request's status is NO_EVIDENCE."""
+        return not self.results
+
+
+def payload_datetime(value: object) -> datetime | None:
+    """A payload's RFC 3339 datetime (e.g. `event_date`) as an aware datetime, else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    # The engines read a datetime without offset as UTC; so do we.
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+_C = TypeVar("_C", datetime, float)
+
+
+def _within(point: _C, gte: _C | None, gt: _C | None, lte: _C | None, lt: _C | None) -> bool:
+    return (
+        (gte is None or point >= gte)
+        and (gt is None or point > gt)
+        and (lte is None or point <= lte)
+        and (lt is None or point < lt)
+    )
+
+
+def _in_range(value: object, bounds: Range) -> bool:
+    # A chunk without the field never satisfies a range (seed 001 §8: NULL event_date excluded).
+    if bounds.is_datetime:
+        moment = payload_datetime(value)
+        return moment is not None and _within(moment, *datetime_bounds(bounds))
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return _within(float(value), *numeric_bounds(bounds))
+    return False
+
+
+def _keyword_match(value: object, allowed: tuple[PayloadValue, ...]) -> bool:
+    # Type-exact: True == 1 in Python, but not to a keyword index.
+    return any(type(value) is type(a) and value == a for a in allowed)
+
+
+def matches_filter(payload: Mapping[str, Any], store_filter: StoreFilter) -> bool:
+    """True when a payload satisfies every criterion of the filter.
+
+    Raises StoreError when the payload belongs to another tenant: the store's own tenant filter
+    was lost, and returning the chunk would leak data (DESIGN decision 10).
+    """
+    if payload.get(TENANT_ID) != store_filter.tenant_id:
+        raise StoreError(
+            f"tenant isolation violated: chunk {payload.get('chunk_id')!r} is not tenant "
+            f"{store_filter.tenant_id!r}"
+        )
+    if store_filter.entity_types and payload.get(ENTITY_TYPE) not in store_filter.entity_types:
+        return False
+    if store_filter.entity_ids and payload.get(ENTITY_ID) not in store_filter.entity_ids:
+        return False
+    for name, allowed in store_filter.keywords.items():
+        if not _keyword_match(payload.get(name), allowed):
+            return False
+    return all(_in_range(payload.get(name), b) for name, b in store_filter.ranges.items())
+
+
+def rank(
+    candidates: Sequence[Candidate],
+    *,
+    store_filter: StoreFilter,
+    top_k: int,
+    thresholds: Thresholds,
+    score_kind: ScoreKind = ScoreKind.COSINE,
+    dedup_per_entity: bool = True,
+) -> Ranking:
+    """Order, filter, threshold and dedup candidates; see the module docstring."""
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    scored = [(c.final(score_kind), c) for c in candidates]
+    scored.sort(key=lambda sc: (-sc[0], sc[1].chunk_id, sc[1].point_id))
+
+    survivors: list[RankedChunk] = []
+    excluded: list[Excluded] = []
+    seen_chunks: set[str] = set()
+    seen_entities: set[str] = set()
+    filtered = below = duplicates = 0
+    for final, cand in scored:
+        reason: ExclusionReason | None = None
+        if not matches_filter(cand.hit.payload, store_filter):
+            reason, filtered = ExclusionReason.FILTERED, filtered + 1
+        elif final < thresholds.hard:
+            reason, below = ExclusionReason.BELOW_THRESHOLD, below + 1
+        elif cand.chunk_id in seen_chunks or (dedup_per_entity and cand.entity_id in seen_entities):
+            reason, duplicates = ExclusionReason.DUPLICATE, duplicates + 1
+        if reason is not None:
+            excluded.append(Excluded(cand.chunk_id, cand.entity_id, reason, final))
+            continue
+        seen_chunks.add(cand.chunk_id)
+        seen_entities.add(cand.entity_id)
+        survivors.append(RankedChunk(cand, final))
+
+    return Ranking(
+        results=tuple(survivors[:top_k]),
+        reserve=tuple(survivors[top_k:]),
+        excluded=tuple(excluded),
+        counters=RankingCounters(
+            candidates=len(candidates),
+            rejected_by_filter=filtered,
+            rejected_by_threshold=below,
+            deduplicated=duplicates,
+        ),
+        score_kind=score_kind,
+        thresholds=thresholds,
+        top_k=top_k,
+    )

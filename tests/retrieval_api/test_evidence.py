@@ -1,0 +1,264 @@
+"""Evidence packs: SoR verdicts exclude with reasons, sources mirror results, bytes are stable."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from retrieval_api.config import RetrievalConfig
+from retrieval_api.evidence import (
+    IndexInfo,
+    Verdict,
+    build_pack,
+    entities_to_verify,
+    error_pack,
+    reindex_requests,
+    serialize_pack,
+    verdicts_from_sor,
+)
+from retrieval_api.ranking import Candidate, ExclusionReason, Ranking, ScoreKind, rank
+from retrieval_api.validate import ValidatedRequest
+from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
+from tests.retrieval_api.helpers import REQUEST_ID, TENANT, cand, request
+
+pytestmark = pytest.mark.unit
+
+CONFIG = RetrievalConfig(keyword_filter_fields={"equipment_id": "keyword"})
+INDEX = IndexInfo("rag__acme__v3", 3, "all-MiniLM-L6-v2@onnx-int8-1.0.0")
+NOW = datetime(2024, 7, 1, 8, 30, tzinfo=UTC)
+TIMINGS = {"embed": 2.5, "search": 4.0, "verify": 1.25, "total": 9.0}
+
+
+def candidates() -> list[Candidate]:
+    return [
+        cand("a:chunk:0", 0.81, equipment_id="P-101"),
+        cand("b:chunk:2", 0.74),
+        cand("c:chunk:0", 0.55),
+        cand("d:chunk:1", 0.52),
+        cand("e:chunk:0", 0.45),
+    ]
+
+
+def ranked(req: ValidatedRequest, items: Sequence[Candidate] | None = None) -> Ranking:
+    return rank(
+        candidates() if items is None else items,
+        store_filter=req.store_filter,
+        top_k=req.top_k,
+        thresholds=req.thresholds(CONFIG, ScoreKind.COSINE),
+    )
+
+
+def pack_for(
+    verdicts: Mapping[str, Verdict],
+    *,
+    top_k: int = 3,
+    items: Sequence[Candidate] | None = None,
+    timings: Mapping[str, float] = TIMINGS,
+) -> pb.EvidencePack:
+    req = request(CONFIG, top_k=top_k)
+    return build_pack(
+        req,
+        INDEX,
+        ranked(req, items),
+        verdicts,
+        retrieved_at=NOW,
+        timings_ms=timings,
+        attribute_fields=("equipment_id",),
+    )
+
+
+ALL_OK = {c.chunk_id: Verdict.OK for c in candidates()}
+
+
+def test_all_verified_is_success_with_top_k_results_in_order() -> None:
+    pack = pack_for(ALL_OK)
+    assert pack.status == pb.RETRIEVAL_STATUS_SUCCESS
+    assert not pack.HasField("error")
+    assert [r.chunk_id for r in pack.results] == ["a:chunk:0", "b:chunk:2", "c:chunk:0"]
+    assert [r.rank for r in pack.results] == [1, 2, 3]
+    assert pack.results_returned == 3 and pack.top_k_requested == 3
+    assert pack.confidence == pb.CONFIDENCE_HIGH  # best final 0.81 >= 0.60
+    assert pack.score_kind == pb.SCORE_KIND_COSINE and pack.min_score == 0.25
+    assert (pack.request_id, pack.tenant) == (REQUEST_ID, TENANT)
+    assert (pack.index_name, pack.index_version) == ("rag__acme__v3", 3)
+    assert pack.embedding_model_version == INDEX.embedding_model_version
+    assert pack.similarity_metric == "cosine"
+    assert pack.debug.candidate_k == 12 and pack.debug.candidates_returned == 5
+    assert pack.debug.verified == 3
+    assert dict(pack.timings_ms) == TIMINGS
+
+
+def test_stale_deleted_and_missing_are_excluded_with_reasons_and_backfilled() -> None:
+    verdicts = {
+        **ALL_OK,
+        "a:chunk:0": Verdict.STALE,
+        "b:chunk:2": Verdict.DELETED,
+        "d:chunk:1": Verdict.MISSING,
+    }
+    pack = pack_for(verdicts)
+    # a, b and d fail the SoR check; c and e (e from the reserve beyond top_k=3) are returned.
+    assert [r.chunk_id for r in pack.results] == ["c:chunk:0", "e:chunk:0"]
+    assert [(x.chunk_id, x.entity_id, x.reason) for x in pack.excluded] == [
+        ("a:chunk:0", "a", pb.EXCLUSION_REASON_STALE),
+        ("b:chunk:2", "b", pb.EXCLUSION_REASON_DELETED),
+        ("d:chunk:1", "d", pb.EXCLUSION_REASON_MISSING),
+    ]
+    assert pack.excluded[0].score == pytest.approx(0.81)
+    debug = pack.debug
+    assert (debug.excluded_stale, debug.excluded_deleted, debug.excluded_missing) == (1, 1, 1)
+    assert debug.verified == 5
+    assert pack.confidence == pb.CONFIDENCE_MEDIUM  # best verified final 0.55
+    assert reindex_requests(pack) == [
+        ("a", ExclusionReason.STALE),
+        ("b", ExclusionReason.DELETED),
+        ("d", ExclusionReason.MISSING),
+    ]
+
+
+def test_everything_stale_is_no_evidence_never_a_fallback() -> None:
+    pack = pack_for({c.chunk_id: Verdict.STALE for c in candidates()})
+    assert pack.status == pb.RETRIEVAL_STATUS_NO_EVIDENCE
+    assert len(pack.results) == 0 and len(pack.sources) == 0
+    assert pack.confidence == pb.CONFIDENCE_NONE
+    assert pack.debug.excluded_stale == 5
+
+
+def test_ranking_exclusions_come_first_in_the_pack() -> None:
+    items = [*candidates(), cand("a:chunk:1", 0.70), cand("z:chunk:0", 0.10)]
+    pack = pack_for(ALL_OK, items=items)
+    assert [(x.chunk_id, x.reason) for x in pack.excluded] == [
+        ("a:chunk:1", pb.EXCLUSION_REASON_DUPLICATE),
+        ("z:chunk:0", pb.EXCLUSION_REASON_BELOW_THRESHOLD),
+    ]
+    assert pack.debug.deduplicated == 1 and pack.debug.rejected_by_threshold == 1
+
+
+def test_nothing_survived_ranking_is_no_evidence() -> None:
+    pack = pack_for({}, items=[cand("a:chunk:0", 0.1)])
+    assert pack.status == pb.RETRIEVAL_STATUS_NO_EVIDENCE
+    assert (
+        pack.debug.verified == 0 and pack.excluded[0].reason == pb.EXCLUSION_REASON_BELOW_THRESHOLD
+    )
+
+
+def test_a_chunk_without_a_verdict_is_never_returned() -> None:
+    with pytest.raises(ValueError, match="no SoR verdict for chunk 'a:chunk:0'"):
+        pack_for({"b:chunk:2": Verdict.OK})
+
+
+def test_sources_match_results_one_to_one() -> None:
+    pack = pack_for(ALL_OK)
+    assert len(pack.sources) == len(pack.results)
+    retrieved_at = Timestamp()
+    retrieved_at.FromDatetime(NOW)
+    for result, source in zip(pack.results, pack.sources, strict=True):
+        assert source.chunk_id == result.chunk_id
+        assert source.entity_id == result.entity_id
+        assert source.entity_type == result.entity_type
+        assert source.source_hash == result.source_hash == f"hash-{result.entity_id}"
+        assert source.locator == result.locator
+        assert source.scores == result.scores
+        assert source.source_reference == result.source_reference
+        assert source.retrieved_at == retrieved_at
+
+
+def test_result_fields_come_from_the_payload() -> None:
+    first = pack_for(ALL_OK).results[0]
+    assert first.entity_id == "a" and first.entity_type == "KNOWLEDGE_ARTIFACT"
+    assert first.title == "Title of a" and first.text == "Text of a:chunk:0"
+    assert first.locator == pb.Locator(
+        chunk_index=0,
+        char_start=0,
+        char_end=90,
+        section_path=["Setup", "Install"],
+        extracted_from="markdown",
+    )
+    assert first.event_date.ToDatetime(tzinfo=UTC) == datetime(2024, 5, 1, 12, tzinfo=UTC)
+    assert first.source_reference == "sor://acme/KNOWLEDGE_ARTIFACT/a"
+    assert dict(first.attributes) == {"equipment_id": "P-101"}
+    scores = first.scores
+    assert scores.final == scores.similarity == scores.dense == 0.81
+    assert not scores.HasField("sparse") and not scores.HasField("rerank")
+    assert scores.dense_rank == 1 and not scores.HasField("sparse_rank")
+
+
+def test_filters_applied_echo_the_store_filter() -> None:
+    start, end = Timestamp(seconds=1_700_000_000), Timestamp(seconds=1_800_000_000)
+    filters = pb.Filters(
+        entity_types=["SOP", "INCIDENT"], event_date_start=start, event_date_end=end
+    )
+    filters.keywords["equipment_id"].values.extend(["P-2", "P-1"])
+    req = request(CONFIG, filters=filters)
+    pack = build_pack(req, INDEX, ranked(req, []), {}, retrieved_at=NOW, timings_ms={})
+    applied = pack.filters_applied
+    assert list(applied.entity_types) == ["INCIDENT", "SOP"]
+    assert list(applied.keywords["equipment_id"].values) == ["P-1", "P-2"]
+    assert (applied.event_date_start, applied.event_date_end) == (start, end)
+
+
+def test_same_input_gives_byte_identical_packs_except_timings() -> None:
+    first = pack_for(ALL_OK, timings={"total": 9.0, "embed": 1.0})
+    # Same candidates in another order, other timings.
+    req = request(CONFIG, top_k=3)
+    second = build_pack(
+        req,
+        INDEX,
+        ranked(req, candidates()[::-1]),
+        dict(reversed(list(ALL_OK.items()))),
+        retrieved_at=NOW,
+        timings_ms={"embed": 3.0, "search": 5.0, "total": 12.0},
+        attribute_fields=("equipment_id",),
+    )
+    assert serialize_pack(first) != serialize_pack(second)
+    first.ClearField("timings_ms")
+    second.ClearField("timings_ms")
+    assert serialize_pack(first) == serialize_pack(second)
+
+
+def test_error_pack_is_failed_with_a_code() -> None:
+    pack = error_pack("req-9", "INDEX_NOT_FOUND", "tenant acme has no index v4", tenant=TENANT)
+    assert pack.status == pb.RETRIEVAL_STATUS_FAILED
+    assert (pack.error.code, pack.error.message) == (
+        "INDEX_NOT_FOUND",
+        "tenant acme has no index v4",
+    )
+    assert pack.confidence == pb.CONFIDENCE_NONE
+    assert len(pack.results) == 0 and not pack.HasField("index_version")
+
+
+def test_bad_timings_are_refused() -> None:
+    with pytest.raises(ValueError, match="timing 'total'"):
+        error_pack("r", "X", "y", timings_ms={"total": float("nan")})
+
+
+# --- SoR verdicts --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class State:
+    exists: bool = True
+    deleted: bool = False
+    content_hash: str | None = None
+
+
+def test_verdicts_from_the_sor_state_of_each_entity() -> None:
+    req = request(CONFIG, top_k=5)
+    ranking = ranked(req)
+    assert entities_to_verify(ranking) == ["a", "b", "c", "d", "e"]
+    states = {
+        "a": State(content_hash="HASH-A"),  # same hash, other case
+        "b": State(content_hash="changed"),
+        "c": State(deleted=True, content_hash="hash-c"),
+        "d": State(exists=False),
+    }
+    assert verdicts_from_sor(ranking.survivors, states) == {
+        "a:chunk:0": Verdict.OK,
+        "b:chunk:2": Verdict.STALE,
+        "c:chunk:0": Verdict.DELETED,
+        "d:chunk:1": Verdict.MISSING,
+        "e:chunk:0": Verdict.MISSING,
+    }

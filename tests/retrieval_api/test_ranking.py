@@ -1,0 +1,233 @@
+"""Ranking: calibrated scores (never RRF) against thresholds, dedup, filters, order, NO_EVIDENCE."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+
+from ragstream.errors import StoreError
+from ragstream.fusion import fuse
+from ragstream.store.base import EVENT_DATE, Range, ScoredHit, StoreFilter
+from retrieval_api.ranking import (
+    Candidate,
+    Confidence,
+    Excluded,
+    ExclusionReason,
+    RankedChunk,
+    ScoreKind,
+    Thresholds,
+    calibrate,
+    matches_filter,
+    needs_similarity,
+    rank,
+)
+from tests.retrieval_api.helpers import TENANT, cand, fused, payload
+
+pytestmark = pytest.mark.unit
+
+T = Thresholds(hard=0.25, medium=0.40, high=0.60)
+ANY = StoreFilter(tenant_id=TENANT)
+
+
+def ids(chunks: Iterable[RankedChunk]) -> list[str]:
+    return [c.chunk_id for c in chunks]
+
+
+def test_threshold_applies_to_cosine_not_to_the_rrf_score() -> None:
+    # Hand-computed RRF (k=60): "a" is first in both lists -> 1/61 + 1/61 = 0.03279;
+    # "b" is second in dense only -> 1/62 = 0.01613. Cosine: a 0.20, b 0.31.
+    dense = [
+        ScoredHit("pt-a", 0.20, payload("a:chunk:0", "a")),
+        ScoredHit("pt-b", 0.31, payload("b:chunk:0", "b")),
+    ]
+    sparse = [ScoredHit("pt-a", 7.5, payload("a:chunk:0", "a"))]
+    fused_hits = fuse(dense, sparse)
+    assert [h.chunk_id for h in fused_hits] == ["a:chunk:0", "b:chunk:0"]
+    assert fused_hits[0].score == pytest.approx(2 / 61)
+
+    # Sorted by dense similarity first: b (0.31) then a (0.20).
+    ranking = rank(calibrate(fused_hits), store_filter=ANY, top_k=5, thresholds=T)
+    assert ids(ranking.results) == ["b:chunk:0"]
+    assert ranking.results[0].final == pytest.approx(0.31)
+    [excluded] = ranking.excluded
+    assert (excluded.chunk_id, excluded.entity_id) == ("a:chunk:0", "a")
+    assert excluded.reason is ExclusionReason.BELOW_THRESHOLD
+    assert excluded.score == pytest.approx(0.20)
+    assert ranking.counters.rejected_by_threshold == 1
+
+
+def test_sparse_only_hit_needs_an_explicit_cosine() -> None:
+    hits = [fused("a:chunk:0", dense=0.5, score=0.03), fused("s:chunk:0", sparse=9.0, score=0.02)]
+    assert [h.chunk_id for h in needs_similarity(hits)] == ["s:chunk:0"]
+    with pytest.raises(ValueError, match="sparse branch only"):
+        calibrate(hits)
+    candidates = calibrate(hits, similarity_for_sparse_only={"pt-s:chunk:0": 0.7})
+    assert [c.similarity for c in candidates] == [0.5, 0.7]
+    # The recomputed cosine, not the sparse or fused score, orders and thresholds the hit.
+    ranking = rank(candidates, store_filter=ANY, top_k=5, thresholds=T)
+    assert ids(ranking.results) == ["s:chunk:0", "a:chunk:0"]
+    assert ranking.results[0].final == 0.7
+
+
+def test_per_entity_dedup_keeps_the_best_chunk() -> None:
+    candidates = [cand("e:chunk:1", 0.7), cand("e:chunk:0", 0.8), cand("f:chunk:0", 0.6)]
+    ranking = rank(candidates, store_filter=ANY, top_k=5, thresholds=T)
+    assert ids(ranking.results) == ["e:chunk:0", "f:chunk:0"]
+    assert ranking.excluded == (Excluded("e:chunk:1", "e", ExclusionReason.DUPLICATE, 0.7),)
+    assert ranking.counters.deduplicated == 1
+
+
+def test_dedup_can_be_turned_off_but_a_repeated_chunk_is_still_dropped() -> None:
+    candidates = [cand("e:chunk:1", 0.7), cand("e:chunk:0", 0.8), cand("f:chunk:0", 0.6)]
+    # The same chunk under a second point id (e.g. a leftover of a botched migration).
+    repeated = Candidate(replace(fused("e:chunk:0", dense=0.8), point_id="another-point"), 0.8)
+    ranking = rank(
+        [*candidates, repeated],
+        store_filter=ANY,
+        top_k=5,
+        thresholds=T,
+        dedup_per_entity=False,
+    )
+    assert ids(ranking.results) == ["e:chunk:0", "e:chunk:1", "f:chunk:0"]
+    assert [(x.chunk_id, x.reason) for x in ranking.excluded] == [
+        ("e:chunk:0", ExclusionReason.DUPLICATE)
+    ]
+
+
+def test_equal_scores_are_ordered_by_chunk_id() -> None:
+    candidates = [cand("c:chunk:0", 0.5), cand("a:chunk:0", 0.5), cand("b:chunk:0", 0.9)]
+    for order in (candidates, candidates[::-1]):
+        ranking = rank(order, store_filter=ANY, top_k=5, thresholds=T)
+        assert ids(ranking.results) == ["b:chunk:0", "a:chunk:0", "c:chunk:0"]
+
+
+def test_nothing_above_the_hard_threshold_is_no_evidence() -> None:
+    candidates = [cand("a:chunk:0", 0.24), cand("b:chunk:0", -0.1)]
+    ranking = rank(candidates, store_filter=ANY, top_k=5, thresholds=T)
+    assert ranking.no_evidence
+    assert ranking.results == () and ranking.reserve == ()
+    assert {x.reason for x in ranking.excluded} == {ExclusionReason.BELOW_THRESHOLD}
+    assert ranking.counters.rejected_by_threshold == 2
+
+
+def test_no_candidates_is_no_evidence() -> None:
+    ranking = rank([], store_filter=ANY, top_k=5, thresholds=T)
+    assert ranking.no_evidence and ranking.counters.candidates == 0
+
+
+def test_hard_threshold_is_inclusive() -> None:
+    ranking = rank([cand("a:chunk:0", 0.25)], store_filter=ANY, top_k=5, thresholds=T)
+    assert ids(ranking.results) == ["a:chunk:0"]
+
+
+def test_results_are_truncated_to_top_k_and_the_rest_kept_in_reserve() -> None:
+    candidates = [cand(f"e{i}:chunk:0", 0.9 - i / 100) for i in range(6)]
+    ranking = rank(candidates, store_filter=ANY, top_k=2, thresholds=T)
+    assert ids(ranking.results) == ["e0:chunk:0", "e1:chunk:0"]
+    assert ids(ranking.reserve) == ["e2:chunk:0", "e3:chunk:0", "e4:chunk:0", "e5:chunk:0"]
+    assert len(ranking.survivors) == 6 and ranking.excluded == ()
+
+
+def test_rerank_score_is_the_final_score_when_a_reranker_ran() -> None:
+    rerank_t = Thresholds(hard=0.1, medium=0.5, high=0.8)
+    candidates = [cand("a:chunk:0", 0.9, rerank=0.05), cand("b:chunk:0", 0.3, rerank=0.85)]
+    ranking = rank(
+        candidates, store_filter=ANY, top_k=5, thresholds=rerank_t, score_kind=ScoreKind.RERANK
+    )
+    assert ids(ranking.results) == ["b:chunk:0"]
+    assert ranking.results[0].final == 0.85
+    assert ranking.excluded[0].reason is ExclusionReason.BELOW_THRESHOLD
+    with pytest.raises(ValueError, match="no rerank score"):
+        rank([cand("c:chunk:0", 0.9)], store_filter=ANY, top_k=1, thresholds=rerank_t,
+             score_kind=ScoreKind.RERANK)  # fmt: skip
+
+
+def test_calibrate_attaches_rerank_scores_and_requires_all_of_them() -> None:
+    hits = [fused("a:chunk:0", dense=0.5), fused("b:chunk:0", dense=0.4)]
+    scored = calibrate(hits, rerank_scores={"pt-a:chunk:0": 0.2, "pt-b:chunk:0": 0.9})
+    assert [c.rerank for c in scored] == [0.2, 0.9]
+    with pytest.raises(ValueError, match="no rerank score"):
+        calibrate(hits, rerank_scores={"pt-a:chunk:0": 0.2})
+
+
+def test_non_finite_scores_are_refused() -> None:
+    with pytest.raises(ValueError, match="not finite"):
+        Candidate(fused("a:chunk:0", dense=0.5), math.nan)
+    with pytest.raises(ValueError, match="not finite"):
+        Candidate(fused("a:chunk:0", dense=0.5), 0.5, math.inf)
+
+
+# --- filter re-check -----------------------------------------------------------------------------
+
+
+def test_filter_recheck_excludes_what_the_store_should_not_have_returned() -> None:
+    store_filter = StoreFilter(
+        tenant_id=TENANT,
+        entity_types=("SOP",),
+        keywords={"line": (1,)},
+        ranges={EVENT_DATE: Range(gte=datetime(2024, 1, 1, tzinfo=UTC))},
+    )
+    good = cand("a:chunk:0", 0.9, entity_type="SOP", line=1)
+    wrong_type = cand("b:chunk:0", 0.8, entity_type="INCIDENT", line=1)
+    bool_not_int = cand("c:chunk:0", 0.7, entity_type="SOP", line=True)
+    too_old = cand("d:chunk:0", 0.6, entity_type="SOP", line=1, event_date="2023-12-31T23:59:59Z")
+    no_date = cand("e:chunk:0", 0.5, entity_type="SOP", line=1, event_date=None)
+    ranking = rank(
+        [good, wrong_type, bool_not_int, too_old, no_date],
+        store_filter=store_filter,
+        top_k=5,
+        thresholds=T,
+    )
+    assert ids(ranking.results) == ["a:chunk:0"]
+    assert [x.reason for x in ranking.excluded] == [ExclusionReason.FILTERED] * 4
+    assert ranking.counters.rejected_by_filter == 4
+
+
+def test_filter_recheck_of_entity_ids_and_numeric_ranges() -> None:
+    store_filter = StoreFilter(
+        tenant_id=TENANT, entity_ids=("a",), ranges={"priority": Range(gt=1, lte=3)}
+    )
+    assert matches_filter(payload("a:chunk:0", "a", priority=3), store_filter)
+    assert not matches_filter(payload("a:chunk:0", "a", priority=1), store_filter)
+    assert not matches_filter(payload("a:chunk:0", "a", priority="2"), store_filter)
+    assert not matches_filter(payload("b:chunk:0", "b", priority=2), store_filter)
+
+
+def test_a_chunk_of_another_tenant_raises() -> None:
+    leaked = cand("a:chunk:0", 0.9, tenant_id="globex")
+    with pytest.raises(StoreError, match="tenant isolation"):
+        rank([leaked], store_filter=ANY, top_k=5, thresholds=T)
+
+
+# --- thresholds ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("score", "confidence"),
+    [
+        (0.60, Confidence.HIGH),
+        (0.59, Confidence.MEDIUM),
+        (0.40, Confidence.MEDIUM),
+        (0.39, Confidence.LOW),
+        (0.25, Confidence.LOW),
+        (0.24, Confidence.NONE),
+    ],
+)
+def test_soft_thresholds_classify_confidence(score: float, confidence: Confidence) -> None:
+    assert T.classify(score) is confidence
+
+
+def test_thresholds_must_be_ordered_and_finite() -> None:
+    with pytest.raises(ValueError, match="hard <= medium <= high"):
+        Thresholds(0.5, 0.4, 0.6)
+    with pytest.raises(ValueError, match="finite"):
+        Thresholds(math.nan, 0.4, 0.6)
+
+
+def test_top_k_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="top_k"):
+        rank([], store_filter=ANY, top_k=0, thresholds=T)
