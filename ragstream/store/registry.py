@@ -139,6 +139,10 @@ class IndexRegistry(ABC):
         """Replace the stored manifest of an existing version."""
 
     @abstractmethod
+    def _tenants(self) -> list[str]:
+        """Every tenant that has at least one version."""
+
+    @abstractmethod
     def _active(self, tenant: str) -> int | None:
         """The active version number, or None."""
 
@@ -147,6 +151,10 @@ class IndexRegistry(ABC):
         """Atomically point the tenant at `version`."""
 
     # --- public API ------------------------------------------------------------------------
+
+    def list_tenants(self) -> list[str]:
+        """Every tenant with an index version, sorted."""
+        return sorted(self._tenants())
 
     def list_versions(self, tenant: str) -> list[IndexManifest]:
         """The tenant's manifests, by version ascending (empty for an unknown tenant)."""
@@ -359,6 +367,11 @@ class FileIndexRegistry(IndexRegistry):
             self._store.drop_collection(manifest.index_name)
             raise
 
+    def _tenants(self) -> list[str]:
+        if not self._root.is_dir():
+            return []
+        return [p.name for p in self._root.iterdir() if p.is_dir() and self._versions(p.name)]
+
     def _rewrite(self, manifest: IndexManifest) -> None:
         atomic_write(
             self._file(manifest.tenant, manifest.version), manifest.model_dump_json(indent=2)
@@ -437,6 +450,10 @@ class QdrantIndexRegistry(IndexRegistry):
             if parsed is not None and parsed[0] == tenant:
                 versions.append(parsed[1])
         return sorted(versions)
+
+    def _tenants(self) -> list[str]:
+        parsed = (parse_collection_name(n) for n in self._catalog.list_collections())
+        return list({p[0] for p in parsed if p is not None})
 
     def _read(self, tenant: str, version: int) -> IndexManifest | None:
         name = collection_name(tenant, version)

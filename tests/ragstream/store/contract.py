@@ -450,6 +450,12 @@ class RegistryContract:
         assert [m.version for m in registry.list_versions("acme")] == [1, 2]
         assert registry.list_versions("globex") == []
 
+    def test_list_tenants_names_every_tenant_with_a_version(self, registry: IndexRegistry) -> None:
+        assert registry.list_tenants() == []
+        registry.create_version("globex", SPEC)
+        registry.create_version("acme", SPEC)
+        assert registry.list_tenants() == ["acme", "globex"]
+
     def test_no_active_version_is_index_not_found(self, registry: IndexRegistry) -> None:
         with pytest.raises(IndexNotFoundError):
             registry.open_version("acme", None, SPEC)
