@@ -104,7 +104,8 @@ def l2_normalize(vectors: npt.ArrayLike) -> Vectors:
         row = int(np.argmin(norms))
         raise EmbeddingError(f"vector {row} has zero norm and cannot be normalized")
     # Normalize in float64, then cast: the float32 result has unit norm to ~1e-7.
-    return (array / norms[:, None]).astype(np.float32)
+    normalized: Vectors = (array / norms[:, None]).astype(np.float32)
+    return normalized
 
 
 def finalize(vectors: npt.ArrayLike, spec: EmbeddingSpec, count: int) -> Vectors:

@@ -17,8 +17,12 @@ class EmbeddingSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    name: str = Field(description="Model name, e.g. 'all-MiniLM-L6-v2' or 'text-embedding-3-small'.")
-    version: str = Field(description="Version of the weights/export/endpoint, e.g. 'onnx-int8-1.0.0'.")
+    name: str = Field(
+        description="Model name, e.g. 'all-MiniLM-L6-v2' or 'text-embedding-3-small'."
+    )
+    version: str = Field(
+        description="Version of the weights/export/endpoint, e.g. 'onnx-int8-1.0.0'."
+    )
     dimension: int = Field(gt=0)
     metric: Literal["cosine"] = "cosine"
     normalization: Literal["l2"] = "l2"

@@ -82,8 +82,17 @@ class PostgresCluster:
             "--no-sync",
         )
         opts = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self._sock} -c fsync=off"
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self._data), "-o", opts, "-l",
-                  str(self._log), "-w", "start")
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self._data),
+            "-o",
+            opts,
+            "-l",
+            str(self._log),
+            "-w",
+            "start",
+        )
         self._started = True
         return self
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from ragstream.services.postgres import PostgresCluster
 from ragstream.services.tansu import TansuBroker

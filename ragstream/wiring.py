@@ -1,0 +1,166 @@
+"""Build the shared parts from settings, in one place (both services and the CLI use this)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry
+
+from ragstream.embedders import build_embedder
+from ragstream.embedders.base import Embedder
+from ragstream.embedders.spec import EmbeddingSpec
+from ragstream.errors import ConfigError, ManifestMismatchError
+from ragstream.settings import IngestSettings, SorSettings, StoreSettings
+from ragstream.sor.base import SystemOfRecord
+from ragstream.sor.sql import PostgresSor, SqliteSor
+from ragstream.sparse import Bm25Encoder
+from ragstream.store.base import PayloadSchema, VectorStore
+from ragstream.store.edge import EdgeStore
+from ragstream.store.qdrant_remote import QdrantRemoteStore
+from ragstream.store.registry import (
+    FileIndexRegistry,
+    IndexRegistry,
+    QdrantIndexRegistry,
+    check_manifest,
+)
+from schemas.entities import Entity
+from streams.ingest import TargetIndex
+from streams.mapping import TableMapping
+from streams.plan import ContentHasher, Plan, PlanConfig
+
+
+def payload_schema(plan: PlanConfig) -> PayloadSchema:
+    """Indexed payload fields: the keyword fields every table mapping copies to the payload."""
+    keywords = tuple(dict.fromkeys(f for m in plan.tables.values() for f in m.keyword_fields))
+    return PayloadSchema(keyword_fields=keywords)
+
+
+def build_store(settings: StoreSettings, schema: PayloadSchema) -> VectorStore:
+    """qdrant-edge under `data_dir`, or a Qdrant server at `url`."""
+    if settings.backend == "edge":
+        return EdgeStore(settings.data_dir, schema=schema)
+    if not settings.url:
+        raise ConfigError("store.backend=qdrant needs store.url (RAGSTREAM_STORE__URL)")
+    key = settings.api_key.get_secret_value() if settings.api_key else None
+    return QdrantRemoteStore.connect(
+        settings.url,
+        api_key=key,
+        prefer_grpc=settings.prefer_grpc,
+        timeout=int(settings.timeout_s),
+        schema=schema,
+    )
+
+
+def build_registry(settings: StoreSettings, store: VectorStore) -> IndexRegistry:
+    """The index registry matching the store backend."""
+    if isinstance(store, QdrantRemoteStore):
+        return QdrantIndexRegistry(store)
+    return FileIndexRegistry(settings.data_dir, store)
+
+
+def build_sor(
+    settings: SorSettings, mapping: TableMapping, hasher: ContentHasher
+) -> SystemOfRecord | None:
+    """The SoR reader, or None when none is configured."""
+    if settings.kind == "none":
+        return None
+    if settings.kind == "postgres":
+        if settings.dsn is None:
+            raise ConfigError("sor.kind=postgres needs sor.dsn (RAGSTREAM_SOR__DSN)")
+        return PostgresSor(
+            settings.dsn.get_secret_value(), table=settings.table, mapping=mapping, hasher=hasher
+        )
+    if settings.sqlite_path is None:
+        raise ConfigError("sor.kind=sqlite needs sor.sqlite_path (RAGSTREAM_SOR__SQLITE_PATH)")
+    table = settings.table.split(".")[-1]
+    return SqliteSor(settings.sqlite_path, table=table, mapping=mapping, hasher=hasher)
+
+
+def build_ingest_embedder(settings: IngestSettings, registry: CollectorRegistry) -> Embedder:
+    """The configured embedder, behind the persistent embedding cache when configured."""
+    return build_embedder(settings.embedder, cache=settings.embedding_cache, registry=registry)
+
+
+class RegistryTargets:
+    """`streams.ingest.IndexTargets` over the index registry.
+
+    A tenant's writes go to its active version and to every version being built with the same
+    embedder (blue-green reindex keeps both current). A tenant seen for the first time gets
+    version 1, created, marked ready and activated at once: a live-built index has no batch
+    build to wait for. Resolutions are cached briefly to keep registry reads off the hot path.
+    """
+
+    def __init__(
+        self,
+        registry: IndexRegistry,
+        spec: EmbeddingSpec,
+        sparse: Bm25Encoder,
+        *,
+        ttl_s: float = 2.0,
+    ) -> None:
+        self._registry = registry
+        self._spec = spec
+        self._sparse_version = sparse.model_version
+        self._ttl = ttl_s
+        self._cache: dict[str, tuple[float, list[TargetIndex]]] = {}
+        self._lock = threading.Lock()
+
+    def write_targets(self, tenant_id: str) -> Sequence[TargetIndex]:
+        """The tenant's active version (created on first sight) and matching building ones."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._cache.get(tenant_id)
+            if cached is not None and now - cached[0] < self._ttl:
+                return cached[1]
+            targets = self._resolve(tenant_id)
+            self._cache[tenant_id] = (now, targets)
+            return targets
+
+    def _resolve(self, tenant_id: str) -> list[TargetIndex]:
+        manifests = self._registry.list_versions(tenant_id)
+        active = self._registry.active_version(tenant_id)
+        if active is None and not any(m.status == "building" for m in manifests):
+            created = self._registry.create_version(
+                tenant_id, self._spec, sparse_encoder=self._sparse_version
+            )
+            self._registry.mark_ready(tenant_id, created.version, total_vectors=0)
+            self._registry.activate(tenant_id, created.version)
+            return [TargetIndex(created.index_name, created.version)]
+        targets: list[TargetIndex] = []
+        for manifest in manifests:
+            is_active = manifest.version == active
+            if not is_active and manifest.status != "building":
+                continue
+            try:
+                check_manifest(manifest, self._spec, self._sparse_version)
+            except ManifestMismatchError:
+                if is_active:
+                    raise  # never write this model's vectors into another model's index
+                continue  # a version being built with another model is its builder's job
+            targets.append(TargetIndex(manifest.index_name, manifest.version))
+        return targets
+
+    def known_tenants(self) -> Sequence[str]:
+        """Every tenant with an index."""
+        return self._registry.list_tenants()
+
+    def invalidate(self) -> None:
+        """Forget cached resolutions (after a switch)."""
+        with self._lock:
+            self._cache.clear()
+
+
+class SorRows:
+    """`streams.ingest.RowSource` over a `SystemOfRecord` (refetch of TOAST-placeholder rows)."""
+
+    def __init__(self, sor: SystemOfRecord) -> None:
+        self._sor = sor
+
+    def fetch_entity(self, plan: Plan) -> Entity | None:
+        """The row as the SoR has it now, or None when it is gone or soft-deleted."""
+        if plan.entity_id is None:
+            return None
+        found = self._sor.fetch_entities(plan.tenant_id, [plan.entity_id])
+        return found.get(plan.entity_id)

@@ -1,0 +1,156 @@
+"""The ingest worker process: `python -m streams` / `ragstream ingest`.
+
+Startup checks fail fast with a clear message: embedder usable, store reachable, every
+tenant's active index built with this embedder, Kafka reachable and topics present.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from ragstream.embedders.base import Embedder
+from ragstream.errors import ConfigError
+from ragstream.settings import IngestSettings
+from ragstream.sor.base import SystemOfRecord
+from ragstream.sparse import Bm25Encoder
+from ragstream.store.base import VectorStore
+from ragstream.store.registry import IndexRegistry
+from ragstream.wiring import (
+    RegistryTargets,
+    SorRows,
+    build_ingest_embedder,
+    build_registry,
+    build_sor,
+    build_store,
+    payload_schema,
+)
+from schemas.events import ChangeEvent, RawRecord
+from streams.consumer import ConsumerLoop, install_signal_handlers
+from streams.decode import DecodeOptions, decode_record
+from streams.ingest import IngestHandler
+from streams.metrics import IngestMetrics
+from streams.plan import Plan, plan_event
+from streams.prepare import Preparer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class IngestWorker:
+    """A wired worker: the loop and the resources it owns."""
+
+    settings: IngestSettings
+    loop: ConsumerLoop
+    handler: IngestHandler
+    store: VectorStore
+    registry: IndexRegistry
+    embedder: Embedder
+    targets: RegistryTargets
+    metrics: IngestMetrics
+    sor: SystemOfRecord | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def check(self) -> None:
+        """Fail fast: embedder usable, every tenant's active index matches this embedder."""
+        self.embedder.check()
+        for tenant in self.registry.list_tenants():
+            if self.registry.active_version(tenant) is not None:
+                self.targets.write_targets(tenant)  # raises ManifestMismatchError
+        if self.sor is not None:
+            self.sor.check()
+
+    def run(self) -> None:
+        """Check, connect, consume until stopped, then release everything."""
+        try:
+            self.check()
+            self.loop.start()
+            self.loop.run(self.stop)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release the embedder, the store and the SoR connections."""
+        self.embedder.close()
+        self.store.close()
+        if self.sor is not None:
+            self.sor.close()
+
+
+def build_worker(
+    settings: IngestSettings,
+    registry: CollectorRegistry,
+    *,
+    store: VectorStore | None = None,
+    embedder: Embedder | None = None,
+) -> IngestWorker:
+    """Wire a worker from settings; `store`/`embedder` may be injected (embedded stack, tests)."""
+    metrics = IngestMetrics(registry)
+    own_embedder = embedder or build_ingest_embedder(settings, registry)
+    preparer = Preparer(own_embedder.spec, settings.chunking)
+    store = store or build_store(settings.store, payload_schema(settings.plan))
+    index_registry = build_registry(settings.store, store)
+    sparse = Bm25Encoder()
+    targets = RegistryTargets(index_registry, own_embedder.spec, sparse)
+    mapping = settings.plan.mapping_for(None)
+    sor = build_sor(settings.sor, mapping, preparer.content_hash)
+    options = DecodeOptions(
+        envelope=settings.decode.envelope,
+        heartbeat_topic_prefix=settings.decode.heartbeat_topic_prefix,
+        max_record_bytes=settings.decode.max_record_bytes,
+    )
+
+    def decode(raw: RawRecord) -> ChangeEvent:
+        return decode_record(raw, options)
+
+    def plan(event: ChangeEvent) -> Plan:
+        return plan_event(event, settings.plan, preparer.content_hash)
+
+    handler = IngestHandler(
+        decode=decode,
+        plan=plan,
+        preparer=preparer,
+        embedder=own_embedder,
+        sparse=sparse,
+        store=store,
+        targets=targets,
+        metrics=metrics,
+        rows=SorRows(sor) if sor is not None else None,
+        keyword_fields=mapping.keyword_fields,
+        event_date_field=mapping.event_date_field,
+    )
+    loop = ConsumerLoop(settings.kafka, settings.consumer, handler, metrics)
+    return IngestWorker(
+        settings=settings,
+        loop=loop,
+        handler=handler,
+        store=store,
+        registry=index_registry,
+        embedder=own_embedder,
+        targets=targets,
+        metrics=metrics,
+        sor=sor,
+    )
+
+
+def main() -> int:
+    """Run the worker with signal handling and a /metrics endpoint."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = IngestSettings()
+    registry = CollectorRegistry()
+    try:
+        worker = build_worker(settings, registry)
+    except ConfigError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
+        log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
+    install_signal_handlers(worker.stop)
+    worker.run()
+    return 0
