@@ -198,7 +198,7 @@ class IngestHandler:
     # --- decode, plan, reduce ---------------------------------------------------------------
 
     def _plan_batch(self, records: Sequence[RawRecord], letters: list[DeadLetter]) -> list[_Work]:
-        by_entity: dict[tuple[str | None, str], _Work] = {}
+        by_entity: dict[tuple[str, bool], _Work] = {}
         decode_s = plan_s = 0.0
         for rec in records:
             t0 = time.perf_counter()
@@ -228,27 +228,38 @@ class IngestHandler:
                 )
                 self._count(rec.topic, event.op or event.kind.value, "dlq")
                 continue
-            assert plan.entity_id is not None  # every non-skip plan names its entity
-            # Kafka keys changes by primary key, so one entity's events share a partition and
-            # arrive in commit order: the last one in the batch decides the entity's state.
-            key = (plan.tenant_id if plan.action is not Action.DELETE else None, plan.entity_id)
-            if plan.action is Action.DELETE:
-                # a delete also supersedes an earlier upsert of the entity in any tenant
-                for other in [k for k in by_entity if k[1] == plan.entity_id]:
-                    by_entity.pop(other)
-            else:
-                by_entity.pop((None, plan.entity_id), None)
-            previous = by_entity.pop(key, None)
-            item = _Work(plan, [*(previous.records if previous else []), rec])
-            by_entity[key] = item
+            self._reduce(by_entity, plan, rec)
         self._metrics.stage_seconds.labels("decode").observe(decode_s)
         self._metrics.stage_seconds.labels("plan").observe(plan_s)
         return list(by_entity.values())
 
+    @staticmethod
+    def _reduce(by_entity: dict[tuple[str, bool], _Work], plan: Plan, rec: RawRecord) -> None:
+        """Keep, per entity, the work that decides its state after this batch.
+
+        Kafka keys changes by primary key, so one entity's events share a partition and arrive
+        in commit order: the last full state (upsert or delete) supersedes everything before it.
+        A refetch (TOAST placeholder) carries no content, so it does not supersede an earlier
+        upsert of the batch: that upsert is applied, and the refetch after it.
+        """
+        assert plan.entity_id is not None  # every non-skip plan names its entity
+        refetch = plan.action is Action.REFETCH
+        superseded: list[RawRecord] = []
+        for key in (
+            [(plan.entity_id, True)]
+            if refetch
+            else [(plan.entity_id, False), (plan.entity_id, True)]
+        ):
+            previous = by_entity.pop(key, None)
+            if previous is not None:
+                superseded.extend(previous.records)
+        by_entity[(plan.entity_id, refetch)] = _Work(plan, [*superseded, rec])
+
     # --- apply ------------------------------------------------------------------------------
 
     def _apply(self, work: Sequence[_Work], letters: list[DeadLetter]) -> list[_Work]:
-        upserts: list[tuple[_Work, Entity]] = []
+        # by entity id: a refetched row (the SoR's current state) replaces an earlier upsert
+        upserts: dict[str, tuple[_Work, Entity]] = {}
         applied: list[_Work] = []
         for item in work:
             plan = item.plan
@@ -258,15 +269,19 @@ class IngestHandler:
                 self._count_all(item, "deleted")
             elif plan.action is Action.REFETCH:
                 entity = self._refetch(item, letters)
-                if entity is None:
-                    continue
-                upserts.append((item, entity))
+                if entity is not None or self._rows is not None:
+                    # the SoR's current row (or its absence) overrides an earlier upsert
+                    replaced = upserts.pop(plan.entity_id or "", None)
+                    if replaced is not None:
+                        applied.append(replaced[0])
+                if entity is not None:
+                    upserts[entity.entity_id] = (item, entity)
             else:
                 assert plan.entity is not None
-                upserts.append((item, plan.entity))
+                upserts[plan.entity.entity_id] = (item, plan.entity)
             if plan.previous_tenant_id is not None and plan.entity_id is not None:
                 self._delete_in_tenant(plan.previous_tenant_id, plan.entity_id)
-        applied.extend(self._upsert(upserts, letters))
+        applied.extend(self._upsert(list(upserts.values()), letters))
         return applied
 
     def _refetch(self, item: _Work, letters: list[DeadLetter]) -> Entity | None:

@@ -1,0 +1,324 @@
+"""The ingest worker against a real Kafka-protocol broker (tansu) and the real qdrant-edge
+engine: idempotency, shrinking updates, deletes, ordering, poison records, outages, rebalances.
+
+The embedder is `HashEmbedder` (see tests/streams/support.py): these suites test Kafka and
+store semantics, and the real ONNX embedder is exercised end to end in test_worker_local.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from ragstream.errors import StoreUnavailableError
+from ragstream.kafka_config import KafkaSettings
+from ragstream.services.tansu import TansuBroker
+from ragstream.settings import IngestSettings, StoreSettings
+from ragstream.sor.debezium_format import change_event, encode_key, encode_value
+from ragstream.store.base import PointRecord, VectorStore
+from ragstream.store.edge import EdgeStore
+from schemas.events import Op
+from streams.app import IngestWorker, build_worker
+from streams.consumer import ConsumerConfig
+from streams.prepare import Preparer
+from tests.streams.support import (
+    HASH_SPEC,
+    HashEmbedder,
+    Record,
+    SorModel,
+    committed,
+    content,
+    create_topics,
+    index_snapshot,
+    produce,
+    read_all,
+    wait_committed,
+)
+
+pytestmark = pytest.mark.integration
+
+
+class FlakyStore:
+    """Wraps a real store; while `down`, writes fail as an unreachable store's would."""
+
+    def __init__(self, inner: VectorStore) -> None:
+        self.inner = inner
+        self.down = False
+        self.failed_writes = 0
+
+    def upsert(self, name: str, points: Sequence[PointRecord], wait: bool = True) -> None:
+        if self.down:
+            self.failed_writes += 1
+            raise StoreUnavailableError("store down (test)")
+        self.inner.upsert(name, points, wait)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@dataclass
+class Env:
+    """One test's topic, group, store and running workers."""
+
+    broker: TansuBroker
+    topic: str
+    dlq: str
+    group: str
+    data_dir: Path
+    store: EdgeStore
+    embedder: HashEmbedder = field(default_factory=HashEmbedder)
+    workers: list[tuple[IngestWorker, threading.Thread]] = field(default_factory=list)
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def settings(self, **consumer: Any) -> IngestSettings:
+        return IngestSettings(
+            kafka=KafkaSettings(bootstrap_servers=self.broker.bootstrap_servers),
+            consumer=ConsumerConfig(
+                topics=(self.topic,),
+                dlq_topic=self.dlq,
+                group_id=self.group,
+                session_timeout_ms=2000,
+                heartbeat_interval_ms=300,
+                poll_timeout_s=0.2,
+                max_batch_records=200,
+                backoff_initial_s=0.2,
+                backoff_max_s=1.0,
+                **consumer,
+            ),
+            store=StoreSettings(data_dir=self.data_dir),
+            embedding_cache=None,
+        )
+
+    def start_worker(self, store: VectorStore | None = None) -> IngestWorker:
+        worker = build_worker(
+            self.settings(),
+            self.registry if not self.workers else CollectorRegistry(),
+            store=store or self.store,
+            embedder=self.embedder,
+        )
+        worker.check()
+        worker.loop.start()
+        thread = threading.Thread(target=worker.loop.run, args=(worker.stop,), daemon=True)
+        thread.start()
+        self.workers.append((worker, thread))
+        return worker
+
+    def stop_worker(self, worker: IngestWorker) -> None:
+        for w, thread in self.workers:
+            if w is worker:
+                w.stop.set()
+                thread.join(30)
+                assert not thread.is_alive()
+
+    def produce(self, records: Sequence[Record]) -> dict[int, int]:
+        return produce(self.broker.bootstrap_servers, self.topic, records)
+
+    def wait(self, last: dict[int, int], timeout: float = 60.0) -> None:
+        wait_committed(self.broker.bootstrap_servers, self.group, self.topic, last, timeout)
+
+    def snapshot(self, tenants: Sequence[str]) -> dict[str, dict[str, dict[str, str]]]:
+        registry = self.workers[0][0].registry
+        return index_snapshot(self.store, registry, tenants)
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        value = self.registry.get_sample_value(name, labels or {})
+        return value or 0.0
+
+
+@pytest.fixture
+def env(kafka_broker: TansuBroker, tmp_path: Path) -> Iterator[Env]:
+    suffix = uuid.uuid4().hex[:8]
+    topic, dlq = f"sor.public.entities.{suffix}", f"ragstream.dlq.{suffix}"
+    create_topics(kafka_broker.bootstrap_servers, topic, dlq)
+    store = EdgeStore(tmp_path / "store")
+    environment = Env(kafka_broker, topic, dlq, f"ingest-{suffix}", tmp_path / "store", store)
+    yield environment
+    for worker, thread in environment.workers:
+        worker.stop.set()
+        thread.join(30)
+    store.close()
+
+
+@pytest.fixture
+def preparer() -> Preparer:
+    return Preparer(HASH_SPEC)
+
+
+def test_ingesting_an_entity_twice_leaves_exactly_its_chunks_and_embeds_once(
+    env: Env, preparer: Preparer
+) -> None:
+    sor = SorModel()
+    record = sor.put("ent-a", "acme", content(sor.rng, 30))
+    expected = sor.expected_index(preparer)
+    assert len(expected["acme"]["ent-a"]) >= 5  # a multi-chunk entity
+    env.start_worker()
+    env.wait(env.produce([record]))
+    texts_after_first = env.embedder.texts
+    env.wait(env.produce([record]))  # re-delivery of the same event
+    assert env.snapshot(["acme"]) == expected
+    assert env.embedder.texts == texts_after_first  # unchanged content: no embedding call
+    assert (
+        env.metric(
+            "ragstream_ingest_events_total",
+            {"topic": env.topic, "op": "c", "outcome": "unchanged"},
+        )
+        == 1
+    )
+
+
+def test_update_shrinking_ten_chunks_to_three_then_delete_and_soft_delete(
+    env: Env, preparer: Preparer
+) -> None:
+    sor = SorModel()
+    env.start_worker()
+    big = sor.put("ent-a", "acme", content(sor.rng, 60))
+    other = sor.put("ent-b", "acme", content(sor.rng, 6))
+    env.wait(env.produce([big, other]))
+    before = env.snapshot(["acme"])["acme"]["ent-a"]
+    assert len(before) >= 10
+    shrink = sor.put("ent-a", "acme", content(sor.rng, 7))
+    env.wait(env.produce([shrink]))
+    expected = sor.expected_index(preparer)
+    assert 2 <= len(expected["acme"]["ent-a"]) <= 4
+    assert env.snapshot(["acme"]) == expected
+    env.wait(env.produce([*sor.delete("ent-a")]))
+    assert "ent-a" not in env.snapshot(["acme"]).get("acme", {})
+    env.wait(env.produce([sor.soft_delete("ent-b")]))
+    assert env.snapshot(["acme"]) == {}
+    assert env.metric("ragstream_ingest_chunks_deleted_total") >= len(before)
+
+
+def test_older_version_delivered_after_newer_does_not_overwrite_it(
+    env: Env, preparer: Preparer
+) -> None:
+    sor = SorModel()
+    env.start_worker()
+    old = sor.put("ent-a", "acme", "The pump needs calibration every month.")
+    new = sor.put("ent-a", "acme", "The valve needs replacement every year.")
+    expected = sor.expected_index(preparer)
+    env.wait(env.produce([new]))
+    env.wait(env.produce([old]))  # e.g. a snapshot row or a replay arriving late
+    assert env.snapshot(["acme"]) == expected
+    assert env.metric("ragstream_ingest_skipped_older_total") == 1
+
+
+def test_deletes_without_tenant_or_before_remove_the_entity_wherever_it_is(
+    env: Env, preparer: Preparer
+) -> None:
+    sor = SorModel()
+    env.start_worker()
+    env.wait(
+        env.produce(
+            [sor.put("ent-a", "acme", "Alpha text."), sor.put("ent-b", "globex", "Beta text.")]
+        )
+    )
+    # REPLICA IDENTITY DEFAULT without a PK in before: only the key names the entity
+    bare = change_event(Op.DELETE, before=None, after=None, lsn=99_999)
+    env.wait(env.produce([Record(encode_key({"id": "ent-b"}), encode_value(bare))]))
+    assert env.snapshot(["acme", "globex"]) == {
+        "acme": {
+            "ent-a": {
+                "ent-a:chunk:0": sor.expected_index(preparer)["acme"]["ent-a"]["ent-a:chunk:0"]
+            }
+        }
+    }
+
+
+def test_poison_records_go_to_the_dlq_with_reasons_and_good_ones_are_indexed(
+    env: Env, preparer: Preparer
+) -> None:
+    sor = SorModel()
+    good = [sor.put(f"ent-{i}", "acme", content(sor.rng, 3)) for i in range(6)]
+    toast_event = json.loads(good[0].value or b"{}")
+    toast_event["op"] = "u"
+    toast_event["after"]["content"] = "__debezium_unavailable_value"
+    no_tenant = json.loads(good[1].value or b"{}")
+    no_tenant["after"]["company_id"] = None
+    unknown_op = json.loads(good[2].value or b"{}")
+    unknown_op["op"] = "x"
+    huge = json.loads(good[3].value or b"{}")
+    huge["after"]["content"] = "word " * (5 * 1024 * 1024 // 5)
+    poison = [
+        Record(b'{"id": "p1"}', b"{not json"),
+        Record(b'{"id": "p2"}', json.dumps(unknown_op).encode()),
+        Record(b'{"id": "ent-0"}', json.dumps(toast_event).encode()),
+        Record(b'{"id": "p3"}', json.dumps(no_tenant).encode()),
+        Record(b'{"id": "p4"}', json.dumps(huge).encode()),
+    ]
+    stream = [good[0], poison[0], good[1], poison[1], good[2], poison[2]]
+    stream += [good[3], poison[3], good[4], poison[4], good[5]]
+    env.start_worker()
+    env.wait(env.produce(stream))
+    assert env.snapshot(["acme"]) == sor.expected_index(preparer)
+    letters = read_all(env.broker.bootstrap_servers, env.dlq)
+    reasons = {}
+    for msg in letters:
+        headers = {k: v.decode() for k, v in msg.headers()}
+        where = (headers["ragstream.source.partition"], headers["ragstream.source.offset"])
+        reasons[where] = headers["ragstream.error.code"]
+        assert headers["ragstream.source.topic"] == env.topic
+        assert headers["ragstream.error.message"]
+    assert sorted(reasons.values()) == sorted(
+        [
+            "DECODE_ERROR",
+            "UNSUPPORTED_OP",
+            "CONTENT_UNAVAILABLE",
+            "MAPPING_ERROR",
+            "RECORD_TOO_LARGE",
+        ]
+    )
+    assert env.metric("ragstream_ingest_dlq_records_total", {"code": "RECORD_TOO_LARGE"}) == 1
+
+
+def test_store_outage_pauses_commits_nothing_ahead_and_completes_after_recovery(
+    env: Env, preparer: Preparer
+) -> None:
+    sor = SorModel()
+    flaky = FlakyStore(env.store)
+    flaky.down = True
+    env.start_worker(store=flaky)
+    records = sor.random_stream(300, ["acme", "globex"], 40)
+    last = env.produce(records)
+    deadline = time.monotonic() + 20
+    while flaky.failed_writes < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert flaky.failed_writes >= 3
+    during = committed(env.broker.bootstrap_servers, env.group, env.topic, list(last))
+    assert all(offset < 0 for offset in during.values()), during  # nothing committed unwritten
+    assert env.metric("ragstream_ingest_backpressure_total", {"dependency": "store"}) >= 3
+    flaky.down = False
+    env.wait(last)
+    assert env.snapshot(["acme", "globex"]) == sor.expected_index(preparer)
+    assert env.metric("ragstream_ingest_paused_partitions") == 0
+
+
+@pytest.mark.slow
+def test_two_workers_share_partitions_and_a_rebalance_loses_nothing(
+    env: Env, preparer: Preparer
+) -> None:
+    sor = SorModel(seed=11)
+    first = env.start_worker()
+    records = sor.random_stream(2000, ["acme", "globex", "initech"], 150)
+    last_a = env.produce(records[:1000])
+    time.sleep(1.0)
+    second = env.start_worker()  # joins: partitions are rebalanced mid-stream
+    last_b = env.produce(records[1000:])
+    time.sleep(1.5)
+    env.stop_worker(first)  # leaves: its partitions move to the second worker
+    deadline = time.monotonic() + 30
+    while second.metrics.registry.get_sample_value("ragstream_ingest_assigned_partitions") != 4:
+        assert time.monotonic() < deadline, "the second worker never took over every partition"
+        time.sleep(0.2)
+    last_c = env.produce(sor.random_stream(200, ["acme", "globex", "initech"], 150))
+    lasts = (last_a, last_b, last_c)
+    env.wait({p: max(last.get(p, -1) for last in lasts) for p in range(4)}, 90)
+    assert env.snapshot(["acme", "globex", "initech"]) == sor.expected_index(preparer)
