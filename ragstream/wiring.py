@@ -21,6 +21,7 @@ from ragstream.store.edge import EdgeStore
 from ragstream.store.qdrant_remote import QdrantRemoteStore
 from ragstream.store.registry import (
     FileIndexRegistry,
+    IndexManifest,
     IndexRegistry,
     QdrantIndexRegistry,
     check_manifest,
@@ -97,10 +98,12 @@ class RegistryTargets:
         registry: IndexRegistry,
         spec: EmbeddingSpec,
         sparse: Bm25Encoder,
+        store: VectorStore,
         *,
         ttl_s: float = 2.0,
     ) -> None:
         self._registry = registry
+        self._store = store
         self._spec = spec
         self._sparse_version = sparse.model_version
         self._ttl = ttl_s
@@ -121,13 +124,9 @@ class RegistryTargets:
     def _resolve(self, tenant_id: str) -> list[TargetIndex]:
         manifests = self._registry.list_versions(tenant_id)
         active = self._registry.active_version(tenant_id)
-        if active is None and not any(m.status == "building" for m in manifests):
-            created = self._registry.create_version(
-                tenant_id, self._spec, sparse_encoder=self._sparse_version
-            )
-            self._registry.mark_ready(tenant_id, created.version, total_vectors=0)
-            self._registry.activate(tenant_id, created.version)
-            return [TargetIndex(created.index_name, created.version)]
+        if active is None:
+            active = self._bootstrap(tenant_id, manifests)
+            manifests = self._registry.list_versions(tenant_id)
         targets: list[TargetIndex] = []
         for manifest in manifests:
             is_active = manifest.version == active
@@ -139,8 +138,36 @@ class RegistryTargets:
                 if is_active:
                     raise  # never write this model's vectors into another model's index
                 continue  # a version being built with another model is its builder's job
+            # A crash between writing a manifest and creating its collection leaves the
+            # manifest alone; creating the collection here (idempotent) heals that.
+            self._store.ensure_collection(manifest.index_name, manifest.dimension, sparse=True)
             targets.append(TargetIndex(manifest.index_name, manifest.version))
         return targets
+
+    def _bootstrap(self, tenant_id: str, manifests: Sequence[IndexManifest]) -> int:
+        """Give a tenant without an active version one, resuming an interrupted bootstrap.
+
+        create -> mark ready -> activate is three steps; a crash between them leaves a version
+        that is not active. The newest version built with this embedder is finished and
+        activated instead of creating another, so a crash never strands a tenant's writes.
+        """
+        for manifest in reversed(manifests):
+            if manifest.status == "retired":
+                continue
+            try:
+                check_manifest(manifest, self._spec, self._sparse_version)
+            except ManifestMismatchError:
+                continue
+            if manifest.status == "building":
+                self._registry.mark_ready(tenant_id, manifest.version, total_vectors=0)
+            self._registry.activate(tenant_id, manifest.version)
+            return manifest.version
+        created = self._registry.create_version(
+            tenant_id, self._spec, sparse_encoder=self._sparse_version
+        )
+        self._registry.mark_ready(tenant_id, created.version, total_vectors=0)
+        self._registry.activate(tenant_id, created.version)
+        return created.version
 
     def known_tenants(self) -> Sequence[str]:
         """Every tenant with an index."""

@@ -94,7 +94,7 @@ def build_worker(
     store = store or build_store(settings.store, payload_schema(settings.plan))
     index_registry = build_registry(settings.store, store)
     sparse = Bm25Encoder()
-    targets = RegistryTargets(index_registry, own_embedder.spec, sparse)
+    targets = RegistryTargets(index_registry, own_embedder.spec, sparse, store)
     mapping = settings.plan.mapping_for(None)
     sor = build_sor(settings.sor, mapping, preparer.content_hash)
     options = DecodeOptions(

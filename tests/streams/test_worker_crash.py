@@ -1,0 +1,129 @@
+"""Crash safety: the worker process is killed with SIGKILL at random points, restarted, and the
+final index must equal the expected state exactly (every entity's chunk set and hashes).
+
+The worker runs as `python -m streams` with its settings from the environment, the OpenAI-
+compatible HTTP embedder pointed at a loopback stub (fast deterministic vectors), the embedding
+cache on disk and qdrant-edge shards on disk: all the state a crash can tear.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ragstream.services.tansu import TansuBroker
+from ragstream.store.edge import EdgeStore
+from ragstream.store.registry import FileIndexRegistry
+from streams.prepare import Preparer
+from tests.conftest import REPO_ROOT
+from tests.streams.support import (
+    HASH_SPEC,
+    EmbeddingStubServer,
+    SorModel,
+    committed,
+    create_topics,
+    index_snapshot,
+    iter_chunks,
+    produce,
+)
+
+TENANTS = ["acme", "globex", "initech"]
+
+
+def worker_env(
+    broker: TansuBroker, stub: EmbeddingStubServer, tmp: Path, topic: str
+) -> dict[str, str]:
+    consumer = {
+        "topics": [topic],
+        "dlq_topic": f"{topic}.dlq",
+        "group_id": f"crash-{topic}",
+        "session_timeout_ms": 2000,
+        "heartbeat_interval_ms": 300,
+        "poll_timeout_s": 0.2,
+        "max_batch_records": 100,
+    }
+    embedder = {
+        "kind": "openai",
+        "base_url": stub.base_url,
+        "model": HASH_SPEC.name,
+        "version": HASH_SPEC.version,
+        "dimension": HASH_SPEC.dimension,
+        "max_input_tokens": HASH_SPEC.max_input_tokens,
+        "tokenizer": HASH_SPEC.tokenizer,
+        "max_retries": 2,
+    }
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "RAGSTREAM_CACHE_DIR": str(tmp / "cache"),
+        "RAGSTREAM_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+        "RAGSTREAM_CONSUMER": json.dumps(consumer),
+        "RAGSTREAM_EMBEDDER": json.dumps(embedder),
+        "RAGSTREAM_STORE__DATA_DIR": str(tmp / "store"),
+        "RAGSTREAM_EMBEDDING_CACHE__PATH": str(tmp / "embedding-cache.sqlite"),
+        "RAGSTREAM_METRICS_PORT": "0",
+    }
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_worker_killed_at_random_points_converges_to_the_exact_expected_index(
+    kafka_broker: TansuBroker, tmp_path: Path
+) -> None:
+    topic = f"sor.public.entities.{uuid.uuid4().hex[:8]}"
+    create_topics(kafka_broker.bootstrap_servers, topic, f"{topic}.dlq")
+    sor = SorModel(seed=2026)
+    records = sor.random_stream(3000, TENANTS, 300)
+    last = produce(kafka_broker.bootstrap_servers, topic, records)
+    group = f"crash-{topic}"
+    rng = random.Random(99)
+    log = (tmp_path / "worker.log").open("ab")
+    with EmbeddingStubServer() as stub:
+        env = worker_env(kafka_broker, stub, tmp_path, topic)
+        cmd = [sys.executable, "-m", "streams"]
+        kills = 0
+        progress: list[int] = []
+        while kills < 12:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+            time.sleep(rng.uniform(1.5, 4.0))
+            assert proc.poll() is None, f"worker exited early (code {proc.returncode})"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            kills += 1
+            done = committed(kafka_broker.bootstrap_servers, group, topic, list(last))
+            progress.append(sum(max(0, o) for o in done.values()))
+        # a final run to completion, then a graceful stop (SIGTERM)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while True:
+            done = committed(kafka_broker.bootstrap_servers, group, topic, list(last))
+            if all(done[p] >= off + 1 for p, off in last.items()):
+                break
+            assert time.monotonic() < deadline, f"not finished: {done} vs {last}"
+            assert proc.poll() is None, f"worker died (code {proc.returncode})"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    log.close()
+    assert kills >= 10
+    assert progress[-1] > 0, f"the killed workers made no progress: {progress}"
+    assert progress[0] < sum(o + 1 for o in last.values()), "killed before any work was left"
+
+    store = EdgeStore(tmp_path / "store")
+    try:
+        registry = FileIndexRegistry(tmp_path / "store", store)
+        actual = index_snapshot(store, registry, TENANTS)
+    finally:
+        store.close()
+    expected = sor.expected_index(Preparer(HASH_SPEC))
+    assert actual == expected
+    assert sum(1 for _ in iter_chunks(expected)) > 400  # a few hundred entities, many chunks
