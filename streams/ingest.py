@@ -33,6 +33,7 @@ from ragstream.store.base import (
     ChunkRef,
     PointRecord,
     SparseVector,
+    StoreFilter,
     VectorStore,
 )
 from ragstream.store.ids import point_id
@@ -322,14 +323,13 @@ class IngestHandler:
         pending: list[tuple[_Work, Entity, TargetIndex, dict[str, ChunkRef], list[Chunk]]] = []
         texts: list[str] = []
         applied: list[_Work] = []
+        manifests = self._manifests([entity for _, entity in upserts])
         for item, entity in upserts:
             targets = self._targets.write_targets(entity.tenant_id)
             chunks: list[Chunk] | None = None
             outcome: str | None = None
             for target in targets:
-                refs = self._store.entity_chunks(
-                    target.collection, entity.tenant_id, entity.entity_id
-                )
+                refs = manifests.get((target.collection, entity.entity_id), {})
                 current = indexed_version(refs)
                 if current is not None and is_provably_older(entity.version, current):
                     outcome = "stale"
@@ -389,6 +389,25 @@ class IngestHandler:
                 applied.append(item)
                 self._count_all(item, "upserted")
         return applied
+
+    def _manifests(self, entities: Sequence[Entity]) -> dict[tuple[str, str], dict[str, ChunkRef]]:
+        """The chunk manifests of many entities: one filtered scroll per collection and tenant
+        (and per 256 ids) instead of one query per entity."""
+        by_target: dict[tuple[str, str], list[str]] = {}
+        for entity in entities:
+            for target in self._targets.write_targets(entity.tenant_id):
+                by_target.setdefault((target.collection, entity.tenant_id), []).append(
+                    entity.entity_id
+                )
+        out: dict[tuple[str, str], dict[str, ChunkRef]] = {}
+        for (collection, tenant), ids in by_target.items():
+            for start in range(0, len(ids), 256):
+                flt = StoreFilter(tenant_id=tenant, entity_ids=tuple(ids[start : start + 256]))
+                for point in self._store.scroll(collection, flt):
+                    p = point.payload
+                    ref = ChunkRef(point.point_id, p[CHUNK_ID], p.get(SOURCE_HASH), p)
+                    out.setdefault((collection, p[ENTITY_ID]), {})[ref.chunk_id] = ref
+        return out
 
     def _unchanged(self, refs: Mapping[str, ChunkRef], entity: Entity) -> bool:
         """Same content hash on every chunk and a complete chunk set: nothing to re-embed.
