@@ -1,0 +1,284 @@
+"""Evaluation reports: a JSON file and a self-contained HTML page (inline SVG chart, no JS).
+
+Input is plain data so any runner can use it: `results` maps a configuration name to its
+aggregate metrics (`EvalResult.aggregates`), `rows` (optional) maps it to per-query row dicts
+(`QueryRow.to_dict()`). The chart is a grouped bar chart: one group per metric, one bar per
+configuration, bar height proportional to the value on a 0..`y_max` axis (`y_max` is 1 for the
+default rate metrics). Latencies and counts go to the table, not the chart (another scale).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Charted by default, in this order, when present in the results.
+DEFAULT_CHART_METRICS: tuple[str, ...] = (
+    "recall@5",
+    "precision@5",
+    "mrr@10",
+    "ndcg@5",
+    "ndcg@10",
+    "hit@1",
+    "chunk_mrr@10",
+    "abstention_precision",
+    "abstention_recall",
+)
+#: Okabe-Ito colour-blind-safe palette (then repeats).
+PALETTE: tuple[str, ...] = (
+    "#0072B2",
+    "#E69F00",
+    "#009E73",
+    "#CC79A7",
+    "#56B4E9",
+    "#D55E00",
+    "#F0E442",
+    "#000000",
+)
+# Chart geometry (SVG user units).
+PLOT_HEIGHT = 260.0
+BAR_WIDTH = 16.0
+BAR_GAP = 2.0
+GROUP_GAP = 24.0
+MARGIN_LEFT = 48.0
+MARGIN_TOP = 16.0
+MARGIN_BOTTOM = 90.0
+LEGEND_ROW = 18.0
+
+Results = Mapping[str, Mapping[str, float | None]]
+Rows = Mapping[str, Sequence[Mapping[str, Any]]]
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    """Where `write_report` wrote the report."""
+
+    json_path: Path
+    html_path: Path
+
+
+def chart_metrics(results: Results, wanted: Sequence[str] | None = None) -> list[str]:
+    """The metrics to chart: `wanted` (all must exist), else the defaults present in `results`."""
+    present = {m for values in results.values() for m in values}
+    if wanted is not None:
+        missing = [m for m in wanted if m not in present]
+        if missing:
+            raise ValueError(f"metrics not in any configuration: {missing}")
+        return list(wanted)
+    return [m for m in DEFAULT_CHART_METRICS if m in present]
+
+
+def _value(values: Mapping[str, float | None], metric: str) -> float | None:
+    value = values.get(metric)
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def render_svg(
+    results: Results, metrics: Sequence[str] | None = None, *, y_max: float | None = None
+) -> str:
+    """A grouped bar chart (one `<rect class="bar">` per (configuration, metric)).
+
+    Every bar carries `data-config`, `data-metric` and `data-value` (empty when the metric is
+    undefined for that configuration: a zero-height bar marked `missing`).
+    """
+    configs = list(results)
+    names = chart_metrics(results, metrics)
+    if not configs or not names:
+        raise ValueError("nothing to chart: no configurations or no metrics")
+    values = [_value(results[c], m) for c in configs for m in names]
+    top = y_max if y_max is not None else max([1.0, *(v for v in values if v is not None)])
+    if top <= 0:
+        raise ValueError(f"y_max must be positive, got {top}")
+    group_width = len(configs) * (BAR_WIDTH + BAR_GAP) - BAR_GAP
+    plot_width = len(names) * (group_width + GROUP_GAP)
+    legend_height = LEGEND_ROW * len(configs)
+    width = MARGIN_LEFT + plot_width + 10
+    height = MARGIN_TOP + PLOT_HEIGHT + MARGIN_BOTTOM + legend_height
+    base = MARGIN_TOP + PLOT_HEIGHT
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width:.0f}" '
+        f'height="{height:.0f}" viewBox="0 0 {width:.1f} {height:.1f}" role="img" '
+        f'aria-label="metrics by configuration" font-family="sans-serif" font-size="11">'
+    ]
+    for i in range(5):  # gridlines and y labels at 0, 25, 50, 75, 100 % of the axis
+        fraction = i / 4
+        y = base - fraction * PLOT_HEIGHT
+        out.append(
+            f'<line x1="{MARGIN_LEFT}" y1="{y:.2f}" x2="{MARGIN_LEFT + plot_width:.2f}" '
+            f'y2="{y:.2f}" stroke="#ddd"/>'
+            f'<text x="{MARGIN_LEFT - 6}" y="{y + 4:.2f}" text-anchor="end">'
+            f"{fraction * top:.2f}</text>"
+        )
+    for g, metric in enumerate(names):
+        x0 = MARGIN_LEFT + GROUP_GAP / 2 + g * (group_width + GROUP_GAP)
+        for c, config in enumerate(configs):
+            value = _value(results[config], metric)
+            bar = 0.0 if value is None else max(0.0, value) / top * PLOT_HEIGHT
+            x = x0 + c * (BAR_WIDTH + BAR_GAP)
+            shown = "n/a" if value is None else f"{value:.4f}"
+            out.append(
+                f'<rect class="bar{" missing" if value is None else ""}" '
+                f'data-config="{_attr(config)}" data-metric="{_attr(metric)}" '
+                f'data-value="{"" if value is None else repr(value)}" x="{x:.2f}" '
+                f'y="{base - bar:.4f}" width="{BAR_WIDTH}" height="{bar:.4f}" '
+                f'fill="{PALETTE[c % len(PALETTE)]}">'
+                f"<title>{_text(config)} · {_text(metric)} = {shown}</title></rect>"
+            )
+        label_x = x0 + group_width / 2
+        out.append(
+            f'<text x="{label_x:.2f}" y="{base + 12:.2f}" text-anchor="end" '
+            f'transform="rotate(-35 {label_x:.2f} {base + 12:.2f})">{_text(metric)}</text>'
+        )
+    out.append(
+        f'<line x1="{MARGIN_LEFT}" y1="{base}" x2="{MARGIN_LEFT + plot_width:.2f}" y2="{base}" '
+        f'stroke="#333"/>'
+    )
+    legend_top = base + MARGIN_BOTTOM
+    for c, config in enumerate(configs):
+        y = legend_top + c * LEGEND_ROW
+        out.append(
+            f'<rect class="legend" x="{MARGIN_LEFT}" y="{y:.2f}" width="12" height="12" '
+            f'fill="{PALETTE[c % len(PALETTE)]}"/>'
+            f'<text x="{MARGIN_LEFT + 18}" y="{y + 10:.2f}">{_text(config)}</text>'
+        )
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _attr(value: str) -> str:
+    return html.escape(value, quote=True)
+
+
+def _text(value: object) -> str:
+    return html.escape(str(value), quote=False)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return '<td class="na">–</td>'
+    if isinstance(value, bool):
+        return f"<td>{'yes' if value else 'no'}</td>"
+    if isinstance(value, float):
+        shown = f"{value:.0f}" if value.is_integer() and abs(value) >= 1 else f"{value:.4f}"
+        return f'<td class="num">{shown}</td>'
+    if isinstance(value, int):
+        return f'<td class="num">{value}</td>'
+    if isinstance(value, list | tuple):
+        return f"<td>{_text(', '.join(map(str, value)))}</td>"
+    return f"<td>{_text(value)}</td>"
+
+
+def _flatten(row: Mapping[str, Any]) -> dict[str, Any]:
+    flat = {k: v for k, v in row.items() if k != "metrics"}
+    metrics = row.get("metrics")
+    if isinstance(metrics, Mapping):
+        flat.update(metrics)
+    return flat
+
+
+def _table(header: Sequence[str], body: Sequence[Sequence[object]], css: str) -> str:
+    head = "".join(f"<th>{_text(h)}</th>" for h in header)
+    rows = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in body)
+    return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+
+
+def render_html(
+    results: Results,
+    rows: Rows | None = None,
+    *,
+    title: str = "ragstream evaluation",
+    metrics: Sequence[str] | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> str:
+    """The self-contained report page: metadata, chart, aggregate table, per-query tables."""
+    all_metrics: list[str] = []
+    for values in results.values():
+        all_metrics.extend(m for m in values if m not in all_metrics)
+    summary = _table(
+        ["configuration", *all_metrics],
+        [[config, *(results[config].get(m) for m in all_metrics)] for config in results],
+        "summary",
+    )
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{_text(title)}</title>",
+        "<style>body{font-family:sans-serif;margin:2em;color:#222}"
+        "table{border-collapse:collapse;font-size:12px;margin:1em 0}"
+        "th,td{border:1px solid #ccc;padding:3px 6px;text-align:left}"
+        "td.num{text-align:right;font-variant-numeric:tabular-nums}td.na{color:#999}"
+        "th{background:#f3f3f3;position:sticky;top:0}.scroll{overflow-x:auto}"
+        "rect.missing{stroke:#999;stroke-dasharray:2}</style>",
+        "</head><body>",
+        f"<h1>{_text(title)}</h1>",
+    ]
+    if meta:
+        items = "".join(
+            f"<dt>{_text(k)}</dt><dd>{_text(json.dumps(v) if not isinstance(v, str) else v)}</dd>"
+            for k, v in meta.items()
+        )
+        parts.append(f"<dl>{items}</dl>")
+    if results and chart_metrics(results, metrics):
+        parts.append(f"<h2>Metrics by configuration</h2>{render_svg(results, metrics)}")
+    parts.append(f'<h2>Aggregates</h2><div class="scroll">{summary}</div>')
+    for config, config_rows in (rows or {}).items():
+        flat = [_flatten(r) for r in config_rows]
+        columns: list[str] = []
+        for row in flat:
+            columns.extend(k for k in row if k not in columns)
+        table = _table(columns, [[row.get(c) for c in columns] for row in flat], "rows")
+        parts.append(
+            f"<details><summary>Per-query rows: {_text(config)} ({len(flat)})</summary>"
+            f'<div class="scroll">{table}</div></details>'
+        )
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def report_data(
+    results: Results,
+    rows: Rows | None = None,
+    *,
+    title: str = "ragstream evaluation",
+    meta: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON report: {title, meta, configs: {name: {aggregates, rows}}}."""
+    return {
+        "title": title,
+        "meta": dict(meta or {}),
+        "configs": {
+            config: {
+                "aggregates": dict(values),
+                "rows": [dict(r) for r in (rows or {}).get(config, [])],
+            }
+            for config, values in results.items()
+        },
+    }
+
+
+def write_report(
+    out_dir: Path | str,
+    results: Results,
+    rows: Rows | None = None,
+    *,
+    title: str = "ragstream evaluation",
+    metrics: Sequence[str] | None = None,
+    meta: Mapping[str, Any] | None = None,
+    stem: str = "report",
+) -> ReportPaths:
+    """Write `<stem>.json` and `<stem>.html` into `out_dir` (created when missing)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / f"{stem}.json"
+    html_path = out / f"{stem}.html"
+    data = report_data(results, rows, title=title, meta=meta)
+    json_path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    html_path.write_text(
+        render_html(results, rows, title=title, metrics=metrics, meta=meta), encoding="utf-8"
+    )
+    return ReportPaths(json_path=json_path, html_path=html_path)
