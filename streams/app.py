@@ -53,6 +53,8 @@ class IngestWorker:
     metrics: IngestMetrics
     sor: SystemOfRecord | None = None
     stop: threading.Event = field(default_factory=threading.Event)
+    #: what `build_worker` created (injected parts belong to their owner and stay open)
+    owned: tuple[Embedder | VectorStore | SystemOfRecord, ...] = ()
 
     def check(self) -> None:
         """Fail fast: embedder usable, every tenant's active index matches this embedder."""
@@ -73,11 +75,9 @@ class IngestWorker:
             self.close()
 
     def close(self) -> None:
-        """Release the embedder, the store and the SoR connections."""
-        self.embedder.close()
-        self.store.close()
-        if self.sor is not None:
-            self.sor.close()
+        """Release what the worker created."""
+        for resource in self.owned:
+            resource.close()
 
 
 def build_worker(
@@ -89,9 +89,15 @@ def build_worker(
 ) -> IngestWorker:
     """Wire a worker from settings; `store`/`embedder` may be injected (embedded stack, tests)."""
     metrics = IngestMetrics(registry)
+    injected = (embedder, store)
     own_embedder = embedder or build_ingest_embedder(settings, registry)
     preparer = Preparer(own_embedder.spec, settings.chunking)
     store = store or build_store(settings.store, payload_schema(settings.plan))
+    owned: list[Embedder | VectorStore | SystemOfRecord] = []
+    if embedder is None:
+        owned.append(own_embedder)
+    if injected[1] is None:
+        owned.append(store)
     index_registry = build_registry(settings.store, store)
     sparse = Bm25Encoder()
     targets = RegistryTargets(index_registry, own_embedder.spec, sparse, store)
@@ -133,6 +139,7 @@ def build_worker(
         targets=targets,
         metrics=metrics,
         sor=sor,
+        owned=(*owned, *([sor] if sor is not None else [])),
     )
 
 

@@ -1,0 +1,159 @@
+"""The Retrieve server process: `python -m retrieval_api` / `ragstream serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from ragstream.embedders import build_embedder
+from ragstream.embedders.base import Embedder
+from ragstream.errors import ConfigError, RagstreamError
+from ragstream.publish import KafkaPublisher, Publisher
+from ragstream.sor.base import SystemOfRecord
+from ragstream.sparse import Bm25Encoder
+from ragstream.store.base import VectorStore
+from ragstream.store.registry import IndexRegistry
+from ragstream.wiring import build_registry, build_sor, build_store, payload_schema
+from retrieval_api.metrics import RetrieveMetrics
+from retrieval_api.server import Authenticator, RetrieveServer
+from retrieval_api.service import Retriever
+from retrieval_api.settings import RetrieveSettings
+from streams.prepare import Preparer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RetrieveApp:
+    """A wired server and the resources it owns."""
+
+    settings: RetrieveSettings
+    server: RetrieveServer
+    retriever: Retriever
+    store: VectorStore
+    registry: IndexRegistry
+    embedder: Embedder
+    sor: SystemOfRecord
+    publisher: Publisher | None
+    #: what `build_app` created (injected parts belong to their owner and stay open)
+    owned: tuple[Publisher | Embedder | SystemOfRecord | VectorStore, ...] = ()
+
+    def close(self) -> None:
+        """Release what the app created (after the server stopped)."""
+        for resource in self.owned:
+            resource.close()
+
+
+def build_app(
+    settings: RetrieveSettings,
+    registry: CollectorRegistry,
+    *,
+    store: VectorStore | None = None,
+    embedder: Embedder | None = None,
+    sor: SystemOfRecord | None = None,
+    publisher: Publisher | None = None,
+) -> RetrieveApp:
+    """Wire the server from settings; parts may be injected (embedded stack, tests)."""
+    own_embedder = embedder or build_embedder(settings.embedder)
+    mapping = settings.plan.mapping_for(None)
+    preparer = Preparer(own_embedder.spec, settings.chunking)
+    own_sor = sor or build_sor(settings.sor, mapping, preparer.content_hash)
+    if own_sor is None:
+        raise ConfigError(
+            "Retrieve verifies every hit against the system of record: set RAGSTREAM_SOR__KIND"
+        )
+    own_store = store or build_store(settings.store, payload_schema(settings.plan))
+    index_registry = build_registry(settings.store, own_store)
+    own_publisher = publisher
+    if own_publisher is None and settings.publish_enabled:
+        own_publisher = KafkaPublisher(settings.kafka, registry)
+    key = settings.audit_hmac_key.get_secret_value().encode() if settings.audit_hmac_key else None
+    retriever = Retriever(
+        config=settings.retrieval,
+        embedder=own_embedder,
+        sparse=Bm25Encoder(),
+        store=own_store,
+        registry=index_registry,
+        sor=own_sor,
+        metrics=RetrieveMetrics(registry),
+        publisher=own_publisher,
+        audit_topic=settings.audit_topic,
+        reindex_topic=settings.reindex_topic,
+        audit_key=key,
+        attribute_fields=tuple(settings.retrieval.keyword_filter_fields),
+    )
+
+    def health_check() -> None:
+        """Raise when the embedder, the store or the SoR is unusable."""
+        own_embedder.check()
+        index_registry.list_tenants()
+        own_sor.check()
+
+    server = RetrieveServer(
+        settings.grpc,
+        retriever=retriever,
+        auth=Authenticator(settings.auth),
+        registry=registry,
+        health_check=health_check,
+        health_interval_s=settings.health_check_interval_s,
+    )
+    owned = [
+        part
+        for part, injected in (
+            (own_publisher, publisher),
+            (own_embedder, embedder),
+            (own_sor, sor),
+            (own_store, store),
+        )
+        if part is not None and injected is None
+    ]
+    app = RetrieveApp(
+        settings=settings,
+        server=server,
+        retriever=retriever,
+        store=own_store,
+        registry=index_registry,
+        embedder=own_embedder,
+        sor=own_sor,
+        publisher=own_publisher,
+        owned=tuple(owned),
+    )
+    return app
+
+
+async def serve(app: RetrieveApp) -> None:
+    """Serve until SIGTERM/SIGINT, then shut down gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await app.server.start()
+    log.info("Retrieve serving on %s:%d", app.settings.grpc.host, app.server.port)
+    await stop.wait()
+    log.info("shutting down: draining in-flight requests")
+    await app.server.stop()
+
+
+def main() -> int:
+    """Run the server with a /metrics endpoint."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = RetrieveSettings()
+    registry = CollectorRegistry()
+    try:
+        app = build_app(settings, registry)
+    except RagstreamError as exc:
+        log.error("cannot start: [%s] %s", exc.code, exc)
+        return 2
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
+    try:
+        asyncio.run(serve(app))
+    finally:
+        app.close()
+    return 0

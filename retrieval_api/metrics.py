@@ -1,0 +1,45 @@
+"""Prometheus metrics of the Retrieve service, on an injected registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class RetrieveMetrics:
+    """Request outcomes, stage latencies, exclusions and candidates (README: Metrics)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "ragstream_retrieve_requests_total",
+            "Retrieve requests by evidence-pack status (SUCCESS, NO_EVIDENCE, FAILED).",
+            ["status"],
+            registry=registry,
+        )
+        self.stage_seconds = Histogram(
+            "ragstream_retrieve_stage_seconds",
+            "Time per Retrieve stage: validate, embed, search, rerank, verify, evidence.",
+            ["stage"],
+            buckets=_LATENCY,
+            registry=registry,
+        )
+        self.excluded = Counter(
+            "ragstream_retrieve_excluded_total",
+            "Candidates excluded, by reason (deleted, stale, missing, below_threshold, "
+            "duplicate, filtered).",
+            ["reason"],
+            registry=registry,
+        )
+        self.candidates = Histogram(
+            "ragstream_retrieve_candidates",
+            "Candidates returned by the store per request (after fusion).",
+            buckets=(0, 1, 5, 10, 20, 50, 100, 200, 500),
+            registry=registry,
+        )
+        self.reindex_requests = Counter(
+            "ragstream_retrieve_reindex_requests_total",
+            "Reindex requests published for stale, deleted or missing entities.",
+            registry=registry,
+        )

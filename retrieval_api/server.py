@@ -1,0 +1,324 @@
+"""The gRPC server: `RetrievalService.Retrieve`, grpc.health.v1, reflection, `grpc_server_*`
+metrics, authentication, graceful shutdown.
+
+The servicer is thin: authenticate -> validate -> run the pipeline in a worker thread -> map
+errors to status codes (one table, `STATUS_OF`) -> audit. Error table (README "Errors"):
+
+| error                                   | gRPC status          |
+|-----------------------------------------|----------------------|
+| no or unknown credentials               | UNAUTHENTICATED      |
+| request for another tenant              | PERMISSION_DENIED    |
+| malformed request (RequestValidation)   | INVALID_ARGUMENT     |
+| deadline passed                         | DEADLINE_EXCEEDED    |
+| INDEX_NOT_FOUND                         | NOT_FOUND            |
+| MANIFEST_MISMATCH                       | FAILED_PRECONDITION  |
+| store / embedder / SoR unavailable      | UNAVAILABLE          |
+| any other ragstream error               | INTERNAL             |
+
+A search that ran but found nothing usable is OK with status NO_EVIDENCE. Every non-OK answer
+carries the stable ragstream code in the trailing metadata `ragstream-error-code`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from ragstream.errors import (
+    EmbeddingUnavailableError,
+    IndexNotFoundError,
+    ManifestMismatchError,
+    RagstreamError,
+    StoreUnavailableError,
+)
+from ragstream.sor.sql import SorUnavailableError
+from retrieval_api.evidence import error_pack
+from retrieval_api.service import DeadlineExceededError, Retriever
+from retrieval_api.settings import AuthSettings, GrpcSettings
+from retrieval_api.validate import (
+    PermissionDeniedError,
+    RequestValidationError,
+    request_id_or_new,
+    validate_request,
+)
+from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
+from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RetrievalService"].full_name
+ERROR_CODE_KEY = "ragstream-error-code"
+
+
+class AuthenticationError(RagstreamError):
+    """The caller presented no usable credentials."""
+
+    code = "UNAUTHENTICATED"
+
+
+#: Typed errors -> gRPC status, most specific first.
+STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
+    (RequestValidationError, grpc.StatusCode.INVALID_ARGUMENT),
+    (DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (IndexNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (ManifestMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
+    (StoreUnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (EmbeddingUnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (SorUnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (RagstreamError, grpc.StatusCode.INTERNAL),
+)
+
+
+def status_of(exc: BaseException) -> grpc.StatusCode:
+    """The gRPC status for a typed error (INTERNAL for anything unexpected)."""
+    for kind, code in STATUS_OF:
+        if isinstance(exc, kind):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+class Authenticator:
+    """Maps a caller to its tenant: `authorization: Bearer <token>` or an mTLS identity."""
+
+    def __init__(self, settings: AuthSettings) -> None:
+        self._tokens = settings.token_hashes()
+        self._mtls = dict(settings.mtls_tenants)
+
+    def tenant_of(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        """The caller's tenant; AuthenticationError when it has none."""
+        metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        header = metadata.get("authorization")
+        if header is not None:
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise AuthenticationError("authorization must be 'Bearer <token>'")
+            digest = hashlib.sha256(token.strip().encode()).hexdigest()
+            tenant = self._tokens.get(digest)
+            if tenant is None:
+                raise AuthenticationError("unknown API token")
+            return tenant
+        names = context.auth_context().get("x509_common_name", [])
+        for name in names:
+            tenant = self._mtls.get(name.decode(errors="replace"))
+            if tenant is not None:
+                return tenant
+        raise AuthenticationError(
+            "no credentials: send 'authorization: Bearer <token>' or a client certificate"
+        )
+
+
+class RetrievalServicer(pb_grpc.RetrievalServiceServicer):
+    """Thin servicer: proto in, domain, proto out; errors mapped by `STATUS_OF`."""
+
+    def __init__(self, retriever: Retriever, auth: Authenticator, pool: ThreadPoolExecutor) -> None:
+        self._retriever = retriever
+        self._auth = auth
+        self._pool = pool
+
+    async def Retrieve(  # noqa: N802 - the generated base class names it
+        self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.EvidencePack:
+        """Authenticate, validate, run the pipeline, answer."""
+        requested_at = datetime.now(UTC)
+        started = time.perf_counter()
+        tenant = ""
+        try:
+            tenant = self._auth.tenant_of(context)
+            validated = validate_request(request, self._retriever.config, tenant)
+            remaining = context.time_remaining()
+            deadline = time.monotonic() + remaining if remaining is not None else None
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._pool, self._retriever.retrieve, validated, deadline
+            )
+        except RagstreamError as exc:
+            code = status_of(exc)
+            request_id = request_id_or_new(request.request_id, self._retriever.config)
+            if tenant and not isinstance(exc, AuthenticationError):
+                timings = {"total": (time.perf_counter() - started) * 1000}
+                pack = error_pack(request_id, exc.code, str(exc), tenant=tenant, timings_ms=timings)
+                self._retriever.record_failure(pack, request.query_text, requested_at)
+            log.info("Retrieve %s [%s]: %s", code.name, exc.code, exc)
+            trailer = ((ERROR_CODE_KEY, exc.code),)
+            await context.abort(code, f"{exc.code}: {exc}", trailing_metadata=trailer)
+            raise  # unreachable: abort raises
+
+
+class GrpcMetrics(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """`grpc_server_*` metrics with go-grpc-prometheus names and labels (unary calls)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ["grpc_type", "grpc_service", "grpc_method"]
+        self.started = Counter(
+            "grpc_server_started_total", "RPCs started on the server.", labels, registry=registry
+        )
+        self.handled = Counter(
+            "grpc_server_handled_total",
+            "RPCs completed on the server, by status code.",
+            [*labels, "grpc_code"],
+            registry=registry,
+        )
+        self.handling = Histogram(
+            "grpc_server_handling_seconds",
+            "Response latency of RPCs handled by the server.",
+            labels,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=registry,
+        )
+        self.received = Counter(
+            "grpc_server_msg_received_total", "Messages received.", labels, registry=registry
+        )
+        self.sent = Counter(
+            "grpc_server_msg_sent_total", "Messages sent.", labels, registry=registry
+        )
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        """Wrap unary-unary handlers with counters and a latency histogram."""
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
+        labels = ("unary", service, method)
+        inner = handler.unary_unary
+
+        async def observed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            self.started.labels(*labels).inc()
+            self.received.labels(*labels).inc()
+            began = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                response = await inner(request, context)
+                self.sent.labels(*labels).inc()
+                return response
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except BaseException:
+                code = context.code() or grpc.StatusCode.UNKNOWN
+                if code == grpc.StatusCode.OK:
+                    code = grpc.StatusCode.UNKNOWN
+                raise
+            finally:
+                self.handled.labels(*labels, code.name).inc()
+                self.handling.labels(*labels).observe(time.perf_counter() - began)
+
+        return grpc.unary_unary_rpc_method_handler(
+            observed,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class RetrieveServer:
+    """The aio server with health and reflection; `start`, `serve_until`, `stop`."""
+
+    def __init__(
+        self,
+        settings: GrpcSettings,
+        *,
+        retriever: Retriever,
+        auth: Authenticator,
+        registry: CollectorRegistry,
+        health_check: Callable[[], None],
+        health_interval_s: float = 10.0,
+    ) -> None:
+        self._settings = settings
+        self._retriever = retriever
+        self._auth = auth
+        self._interceptor = GrpcMetrics(registry)
+        self._pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="retrieve")
+        self.health = HealthServicer()
+        self._health_check = health_check
+        self._health_interval = health_interval_s
+        self._health_task: asyncio.Task[None] | None = None
+        self._server: grpc.aio.Server | None = None
+        self.port = 0
+
+    def _build(self) -> grpc.aio.Server:
+        # an aio server belongs to the event loop it is created in: build it in `start`
+        server = grpc.aio.server(
+            interceptors=[self._interceptor],
+            maximum_concurrent_rpcs=self._settings.max_concurrent_rpcs,
+        )
+        pb_grpc.add_RetrievalServiceServicer_to_server(
+            RetrievalServicer(self._retriever, self._auth, self._pool), server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, reflection.SERVICE_NAME, "grpc.health.v1.Health"), server
+        )
+        return server
+
+    def _bind(self, server: grpc.aio.Server) -> int:
+        address = f"{self._settings.host}:{self._settings.port}"
+        s = self._settings
+        if s.tls_cert_file is None:
+            port: int = server.add_insecure_port(address)
+            return port
+        if s.tls_key_file is None:
+            raise RagstreamError("grpc.tls_cert_file needs grpc.tls_key_file")
+        client_ca = s.tls_client_ca_file.read_bytes() if s.tls_client_ca_file else None
+        credentials = grpc.ssl_server_credentials(
+            [(s.tls_key_file.read_bytes(), s.tls_cert_file.read_bytes())],
+            root_certificates=client_ca,
+            require_client_auth=client_ca is not None,
+        )
+        secure: int = server.add_secure_port(address, credentials)
+        return secure
+
+    async def start(self) -> None:
+        """Bind, start serving, and start the periodic dependency health check."""
+        self._server = self._build()
+        self.port = self._bind(self._server)
+        await self._server.start()
+        await self._check_health()
+        self._health_task = asyncio.create_task(self._health_loop())
+
+    async def _check_health(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._pool, self._health_check)
+        except RagstreamError as exc:
+            log.warning("not serving: %s", exc)
+            status = health_pb2.HealthCheckResponse.NOT_SERVING
+        else:
+            status = health_pb2.HealthCheckResponse.SERVING
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._health_interval)
+            await self._check_health()
+
+    async def stop(self) -> None:
+        """Graceful shutdown: NOT_SERVING first, drain in-flight RPCs, then stop."""
+        if self._health_task is not None:
+            self._health_task.cancel()
+        await self.health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(self._settings.grace_s)
+        self._pool.shutdown(wait=True)
+
+    async def wait(self) -> None:
+        """Until the server terminates."""
+        if self._server is not None:
+            await self._server.wait_for_termination()

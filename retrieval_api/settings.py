@@ -1,0 +1,99 @@
+"""Settings of the Retrieve server (`RAGSTREAM_` prefix, `__` nesting; see README)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ragstream.embedders.local_onnx import LocalEmbedderConfig
+from ragstream.errors import ConfigError
+from ragstream.kafka_config import KafkaSettings
+from ragstream.settings import EmbedderSettings, SorSettings, StoreSettings
+from retrieval_api.config import RetrievalConfig
+from streams.plan import PlanConfig
+from streams.prepare import ChunkingSettings
+
+
+class GrpcSettings(BaseModel):
+    """Where and how the gRPC server listens."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=50051, ge=0, le=65535)
+    workers: int = Field(default=4, ge=1, description="Threads running the blocking stages.")
+    max_concurrent_rpcs: int = Field(default=64, ge=1)
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = Field(
+        default=None, description="Require client certificates signed by this CA (mTLS)."
+    )
+    grace_s: float = Field(default=10.0, ge=0, description="Drain time on SIGTERM.")
+
+
+class AuthSettings(BaseModel):
+    """Who a caller is: an API token (hashed here) or an mTLS identity, mapped to a tenant."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokens: dict[str, str] = Field(
+        default_factory=dict, description="tenant -> sha256 hex of its API token."
+    )
+    tokens_file: Path | None = Field(
+        default=None, description="JSON file {tenant: sha256 hex} (merged with `tokens`)."
+    )
+    mtls_tenants: dict[str, str] = Field(
+        default_factory=dict, description="client certificate common name -> tenant."
+    )
+
+    def token_hashes(self) -> dict[str, str]:
+        """sha256 hex -> tenant, from `tokens` and `tokens_file`."""
+        merged = dict(self.tokens)
+        if self.tokens_file is not None:
+            try:
+                loaded = json.loads(self.tokens_file.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                where = self.tokens_file
+                raise ConfigError(f"cannot read auth tokens file {where}: {exc}") from exc
+            if not isinstance(loaded, dict):
+                raise ConfigError(f"{self.tokens_file}: expected a JSON object tenant -> sha256")
+            merged.update({str(k): str(v) for k, v in loaded.items()})
+        out: dict[str, str] = {}
+        for tenant, raw in merged.items():
+            digest = raw.strip().lower()
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ConfigError(f"auth token of tenant {tenant!r} is not a sha256 hex digest")
+            out[digest] = tenant
+        return out
+
+
+class RetrieveSettings(BaseSettings):
+    """Everything the Retrieve server (`ragstream serve`) reads from its environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RAGSTREAM_", env_nested_delimiter="__", extra="ignore", frozen=True
+    )
+
+    grpc: GrpcSettings = Field(default_factory=GrpcSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    embedder: EmbedderSettings = Field(default_factory=LocalEmbedderConfig)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    sor: SorSettings = Field(default_factory=SorSettings)
+    plan: PlanConfig = Field(default_factory=PlanConfig)
+    chunking: ChunkingSettings = Field(default_factory=ChunkingSettings)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    publish_enabled: bool = Field(
+        default=True, description="Publish audit records and reindex requests to Kafka."
+    )
+    audit_topic: str = "ragstream.audit"
+    reindex_topic: str = "ragstream.reindex-requests"
+    audit_hmac_key: SecretStr | None = Field(
+        default=None, description="Key for the audit query fingerprint (HMAC-SHA256)."
+    )
+    health_check_interval_s: float = Field(default=10.0, gt=0)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(default=9465, ge=0, le=65535)

@@ -1,0 +1,223 @@
+"""Retrieve end to end over real gRPC on loopback: a PostgreSQL SoR, qdrant-edge, the real
+local ONNX embedder and the real ingest path. Seed 000 tests 2 (stale detection), 3 (tenant
+isolation) and 4 (provenance chain), determinism, status codes, audit and metrics."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ragstream.embedders.local_onnx import LocalEmbedderConfig, LocalOnnxEmbedder
+from ragstream.services.postgres import PostgresCluster
+from schemas.entities import ContentFormat
+from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
+from tests.retrieval_api.stack import Stack, bearer
+
+pytestmark = pytest.mark.integration
+
+REFUND = (
+    "Refunds are issued to the original payment method within 14 days of the return being "
+    "received at our warehouse. Items must be unused and in their original packaging."
+)
+PUMP = (
+    "The centrifugal pump P-200 must be primed before start-up. Open the vent valve, fill the "
+    "casing with water until it flows from the vent, then close the valve and start the motor."
+)
+VPN = (
+    "To connect to the corporate VPN, install the client, sign in with your SSO account and "
+    "approve the push notification on your phone. Error E-1042 means your token expired."
+)
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Iterator[LocalOnnxEmbedder]:
+    model = LocalOnnxEmbedder(LocalEmbedderConfig())
+    yield model
+    model.close()
+
+
+@pytest.fixture
+def stack(
+    postgres: PostgresCluster, tmp_path: Path, embedder: LocalOnnxEmbedder
+) -> Iterator[Stack]:
+    s = Stack(postgres.dsn, tmp_path / "store", embedder)
+    yield s
+    s.close()
+
+
+def sor_hash(stack: Stack, entity_id: str) -> str:
+    row = stack.row(entity_id)
+    assert row is not None
+    return stack.preparer.content_hash(row["content"], ContentFormat.TEXT)
+
+
+def test_provenance_chain_leads_from_result_to_the_same_sor_row(stack: Stack) -> None:
+    stack.write("ent-refund", "acme", REFUND, title="Refund policy")
+    stack.write("ent-pump", "acme", PUMP, title="Priming the P-200")
+    pack = stack.retrieve("acme", "how long until I get my money back after returning an item?")
+    assert pack.status == pb.RETRIEVAL_STATUS_SUCCESS
+    top = pack.results[0]
+    assert (top.entity_id, top.chunk_id, top.title) == (
+        "ent-refund",
+        "ent-refund:chunk:0",
+        "Refund policy",
+    )
+    assert top.source_hash == sor_hash(stack, "ent-refund")
+    assert top.locator.char_end > top.locator.char_start
+    source = pack.sources[0]
+    assert (source.entity_id, source.source_hash) == ("ent-refund", top.source_hash)
+    assert source.retrieved_at.seconds > 0
+    assert pack.embedding_model_version == "all-MiniLM-L6-v2@onnx-int8-1.0.0"
+    assert pack.index_name == "rag__acme__v1" and pack.index_version == 1
+    assert top.scores.similarity == top.scores.final  # thresholds use the cosine
+
+
+def test_sor_update_after_indexing_excludes_the_stale_chunk_and_requests_reindex(
+    stack: Stack,
+) -> None:
+    stack.write("ent-b", "acme", PUMP)
+    stack.write("ent-b", "acme", PUMP.replace("water", "clean water"), ingest=False)
+    pack = stack.retrieve("acme", "how do I prime the centrifugal pump before starting it?")
+    assert pack.status == pb.RETRIEVAL_STATUS_NO_EVIDENCE
+    assert len(pack.sources) == 0
+    assert [(e.entity_id, e.reason) for e in pack.excluded] == [
+        ("ent-b", pb.EXCLUSION_REASON_STALE)
+    ]
+    assert pack.debug.excluded_stale == 1
+    requests = stack.publisher.on("ragstream.reindex-requests")
+    assert [(r["tenant"], r["entity_id"], r["reason"]) for r in requests] == [
+        ("acme", "ent-b", "stale")
+    ]
+
+
+def test_deleted_and_soft_deleted_entities_are_excluded_with_their_reason(stack: Stack) -> None:
+    stack.write("ent-b", "acme", PUMP)
+    stack.write("ent-b2", "acme", PUMP.replace("P-200", "P-300"))
+    stack.write("ent-c", "acme", VPN)
+    stack.delete("ent-b", ingest=False)  # the index has not caught up yet
+    stack.soft_delete("ent-b2")
+    pack = stack.retrieve("acme", "priming the centrifugal pump", top_k=3)
+    assert {"ent-b", "ent-b2"}.isdisjoint(r.entity_id for r in pack.results)
+    excluded = {(e.entity_id, e.reason) for e in pack.excluded}
+    assert ("ent-b", pb.EXCLUSION_REASON_MISSING) in excluded  # gone from the SoR
+    assert ("ent-b2", pb.EXCLUSION_REASON_DELETED) in excluded  # deleted_at set
+    reasons = {
+        r["entity_id"]: r["reason"] for r in stack.publisher.on("ragstream.reindex-requests")
+    }
+    assert reasons == {"ent-b": "missing", "ent-b2": "deleted"}
+
+
+def test_other_tenant_gets_nothing_even_with_a_matching_query_or_a_forged_tenant(
+    stack: Stack,
+) -> None:
+    stack.write("ent-c", "acme", VPN)
+    stack.write("ent-g", "globex", PUMP)
+    pack = stack.retrieve("globex", "VPN error E-1042 token expired")
+    assert all(r.entity_id != "ent-c" for r in pack.results)
+    assert all(e.entity_id != "ent-c" for e in pack.excluded)
+    with pytest.raises(grpc.RpcError) as err:
+        stack.retrieve("globex", "VPN error E-1042", tenant="acme")
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.RpcError) as err:
+        stack.retrieve("initech", "VPN error E-1042")  # a tenant with no index at all
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert ("ragstream-error-code", "INDEX_NOT_FOUND") in err.value.trailing_metadata()  # type: ignore[attr-defined]
+
+
+def test_same_request_twice_returns_identical_results_in_identical_order(stack: Stack) -> None:
+    for i, text in enumerate([REFUND, PUMP, VPN, REFUND + " Store credit is instant."]):
+        stack.write(f"ent-{i}", "acme", text)
+    first = stack.retrieve("acme", "refund", top_k=4, request_id="req-1")
+    second = stack.retrieve("acme", "refund", top_k=4, request_id="req-1")
+    for pack in (first, second):
+        pack.ClearField("timings_ms")
+        for source in pack.sources:
+            source.ClearField("retrieved_at")
+    assert first.SerializeToString(deterministic=True) == second.SerializeToString(
+        deterministic=True
+    )
+    finals = [r.scores.final for r in first.results]
+    assert finals == sorted(finals, reverse=True)
+
+
+def test_exact_identifier_is_found_through_the_sparse_branch(stack: Stack) -> None:
+    stack.write("ent-c", "acme", VPN)
+    stack.write("ent-pump", "acme", PUMP)
+    pack = stack.retrieve("acme", "E-1042")
+    assert pack.results and pack.results[0].entity_id == "ent-c"
+
+
+def test_unrelated_question_gets_no_evidence_not_a_fabricated_answer(stack: Stack) -> None:
+    stack.write("ent-pump", "acme", PUMP)
+    pack = stack.retrieve("acme", "what is the dress code for the annual gala dinner?")
+    assert pack.status == pb.RETRIEVAL_STATUS_NO_EVIDENCE
+    assert len(pack.results) == 0
+    assert pack.debug.rejected_by_threshold >= 1
+
+
+@pytest.mark.parametrize(
+    ("metadata", "request_fields", "code"),
+    [
+        ((), {"query_text": "hello"}, grpc.StatusCode.UNAUTHENTICATED),
+        (
+            (("authorization", "Bearer wrong"),),
+            {"query_text": "hi"},
+            grpc.StatusCode.UNAUTHENTICATED,
+        ),
+        (bearer("acme"), {"query_text": "   "}, grpc.StatusCode.INVALID_ARGUMENT),
+        (bearer("acme"), {"query_text": "hi", "top_k": 1000}, grpc.StatusCode.INVALID_ARGUMENT),
+        (bearer("acme"), {"query_text": "a\x00b"}, grpc.StatusCode.INVALID_ARGUMENT),
+        (
+            bearer("acme"),
+            {"query_text": "hi", "index_version": "latest"},
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+    ],
+)
+def test_bad_calls_get_precise_status_codes(
+    stack: Stack,
+    metadata: tuple[tuple[str, str], ...],
+    request_fields: dict[str, object],
+    code: grpc.StatusCode,
+) -> None:
+    stack.write("ent-c", "acme", VPN)
+    with pytest.raises(grpc.RpcError) as err:
+        stack.client.Retrieve(pb.RetrieveRequest(**request_fields), metadata=metadata, timeout=10)  # type: ignore[arg-type]
+    assert err.value.code() == code
+    assert err.value.details()  # a useful message
+
+
+def test_audit_records_hash_the_query_and_never_store_it(stack: Stack) -> None:
+    stack.write("ent-c", "acme", VPN)
+    query = "secret project falcon VPN E-1042"
+    stack.retrieve("acme", query, request_id="audit-1")
+    with pytest.raises(grpc.RpcError):
+        stack.retrieve("acme", query, top_k=999)
+    records = stack.publisher.on("ragstream.audit")
+    assert records, "no audit records"
+    blob = repr(records)
+    assert "falcon" not in blob and "secret" not in blob
+    digest = hashlib.sha256(query.encode()).hexdigest()
+    assert any(digest in repr(r) for r in records)
+    assert {r["status"] for r in records if "status" in r} == {"success", "failed"}
+
+
+def test_grpc_server_metrics_count_calls_by_status_code(stack: Stack) -> None:
+    stack.write("ent-c", "acme", VPN)
+    stack.retrieve("acme", "VPN")
+    with pytest.raises(grpc.RpcError):
+        stack.retrieve("acme", "")
+    labels = {
+        "grpc_type": "unary",
+        "grpc_service": "ragstream.retrieval.v1.RetrievalService",
+        "grpc_method": "Retrieve",
+    }
+    handled = stack.registry.get_sample_value
+    assert handled("grpc_server_handled_total", {**labels, "grpc_code": "OK"}) == 1
+    assert handled("grpc_server_handled_total", {**labels, "grpc_code": "INVALID_ARGUMENT"}) == 1
+    assert handled("grpc_server_started_total", labels) == 2
+    assert handled("ragstream_retrieve_requests_total", {"status": "SUCCESS"}) == 1
