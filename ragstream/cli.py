@@ -71,6 +71,34 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    from streams.app import main as ingest_main
+
+    return ingest_main()
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from retrieval_api.app import main as serve_main
+
+    return serve_main()
+
+
+def _cmd_query(args: argparse.Namespace) -> int:
+    from ragstream.query import print_pack, query
+
+    pack = query(
+        args.target,
+        args.token,
+        args.question,
+        tenant=args.tenant,
+        top_k=args.top_k,
+        index_version=args.index_version,
+        timeout_s=args.timeout,
+    )
+    print_pack(pack, as_json=args.json)
+    return 0
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
     from ragstream.dev import run_dev
 
@@ -114,6 +142,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=300, help="embedder: passages")
     p.add_argument("--batch-size", type=int, default=32, help="embedder: batch size")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("ingest", help="run the ingest worker (settings from RAGSTREAM_* env)")
+    p.set_defaults(func=_cmd_ingest)
+
+    p = sub.add_parser("serve", help="run the gRPC Retrieve server (settings from env)")
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("query", help="call Retrieve over gRPC and print the evidence pack")
+    p.add_argument("question", help="the query text")
+    p.add_argument("--tenant", default="", help="tenant (optional: the token implies it)")
+    p.add_argument("--target", default="127.0.0.1:50051", help="host:port of the server")
+    p.add_argument(
+        "--token", default=None, help="API token (default: $RAGSTREAM_TOKEN, or the dev token)"
+    )
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--index-version", default="", help="pin an index version (default: active)")
+    p.add_argument("--timeout", type=float, default=10.0, help="deadline in seconds")
+    p.add_argument("--json", action="store_true", help="print the pack as JSON")
+    p.set_defaults(func=_cmd_query)
 
     p = sub.add_parser("dev", help="run the whole system on its embedded defaults")
     p.add_argument("--data-dir", type=Path, default=Path("data"), help="state directory")

@@ -5,6 +5,7 @@ isolation) and 4 (provenance chain), determinism, status codes, audit and metric
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def test_other_tenant_gets_nothing_even_with_a_matching_query_or_a_forged_tenant
     with pytest.raises(grpc.RpcError) as err:
         stack.retrieve("initech", "VPN error E-1042")  # a tenant with no index at all
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
-    assert ("ragstream-error-code", "INDEX_NOT_FOUND") in err.value.trailing_metadata()  # type: ignore[attr-defined]
+    assert ("ragstream-error-code", "INDEX_NOT_FOUND") in err.value.trailing_metadata()
 
 
 def test_same_request_twice_returns_identical_results_in_identical_order(stack: Stack) -> None:
@@ -217,6 +218,11 @@ def test_grpc_server_metrics_count_calls_by_status_code(stack: Stack) -> None:
         "grpc_method": "Retrieve",
     }
     handled = stack.registry.get_sample_value
+    # the client sees an aborted call before the server-side interceptor has counted it
+    deadline = time.monotonic() + 5
+    while handled("grpc_server_handled_total", {**labels, "grpc_code": "INVALID_ARGUMENT"}) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     assert handled("grpc_server_handled_total", {**labels, "grpc_code": "OK"}) == 1
     assert handled("grpc_server_handled_total", {**labels, "grpc_code": "INVALID_ARGUMENT"}) == 1
     assert handled("grpc_server_started_total", labels) == 2
