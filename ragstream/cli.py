@@ -94,15 +94,49 @@ def _cmd_query(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         index_version=args.index_version,
         timeout_s=args.timeout,
+        data_dir=args.data_dir,
     )
     print_pack(pack, as_json=args.json)
     return 0
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
-    from ragstream.dev import run_dev
+    from ragstream.dev import DevPorts, run_dev
 
-    return run_dev(data_dir=args.data_dir)
+    ports = DevPorts(kafka=args.kafka_port, grpc=args.grpc_port, metrics=args.metrics_port)
+    return run_dev(args.data_dir, ports=ports, sample_limit=args.sample_size)
+
+
+def _cmd_sor(args: argparse.Namespace) -> int:
+    from ragstream.dev import read_stack
+    from ragstream.sor.embedded import EmbeddedSor
+
+    stack = read_stack(args.data_dir)
+    sor = EmbeddedSor(Path(stack["sor"]), stack["kafka"])
+    try:
+        if args.action == "put":
+            if args.text is None and args.file is None:
+                raise RagstreamError("give the content with --text or --file")
+            text = args.text if args.text is not None else args.file.read_text()
+            op = sor.put(
+                args.id,
+                args.tenant,
+                text,
+                title=args.title or args.id,
+                entity_type=args.type,
+                metadata={"format": args.format},
+            )
+            print(f"{'created' if op.value == 'c' else 'updated'} {args.id} (event on {sor.topic})")
+        elif args.action == "delete":
+            done = sor.soft_delete(args.id) if args.soft else sor.delete(args.id)
+            if not done:
+                raise RagstreamError(f"no row with id {args.id!r}")
+            print(f"{'soft-' if args.soft else ''}deleted {args.id} (event on {sor.topic})")
+        else:
+            _print_json(sor.row(args.id))
+    finally:
+        sor.close()
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,11 +194,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index-version", default="", help="pin an index version (default: active)")
     p.add_argument("--timeout", type=float, default=10.0, help="deadline in seconds")
     p.add_argument("--json", action="store_true", help="print the pack as JSON")
+    p.add_argument("--data-dir", type=Path, default=Path("data"), help="dev stack (tokens)")
     p.set_defaults(func=_cmd_query)
 
     p = sub.add_parser("dev", help="run the whole system on its embedded defaults")
     p.add_argument("--data-dir", type=Path, default=Path("data"), help="state directory")
+    p.add_argument("--sample-size", type=int, default=None, help="load only N sample docs")
+    p.add_argument("--kafka-port", type=int, default=19092)
+    p.add_argument("--grpc-port", type=int, default=50051)
+    p.add_argument("--metrics-port", type=int, default=9464)
     p.set_defaults(func=_cmd_dev)
+
+    p = sub.add_parser("sor", help="change the embedded SoR of a running `ragstream dev`")
+    p.add_argument("action", choices=["put", "delete", "get"])
+    p.add_argument("--id", required=True, help="entity id")
+    p.add_argument("--tenant", default="acme")
+    p.add_argument("--title", default=None)
+    p.add_argument("--type", default="KNOWLEDGE_ARTIFACT", help="entity type")
+    p.add_argument("--format", choices=["text", "markdown", "html"], default="text")
+    p.add_argument("--text", default=None, help="content")
+    p.add_argument("--file", type=Path, default=None, help="content from a file")
+    p.add_argument("--soft", action="store_true", help="delete: set deleted_at instead")
+    p.add_argument("--data-dir", type=Path, default=Path("data"))
+    p.set_defaults(func=_cmd_sor)
     return parser
 
 

@@ -36,12 +36,16 @@ def query(
     top_k: int = 5,
     index_version: str = "",
     timeout_s: float = 10.0,
+    data_dir: Path = Path("data"),
 ) -> pb.EvidencePack:
     """One Retrieve call; a non-OK status becomes a QueryError naming the status and code."""
-    secret = token or os.environ.get("RAGSTREAM_TOKEN") or _dev_token(tenant)
-    request = pb.RetrieveRequest(
-        query_text=question, tenant=tenant, top_k=top_k, index_version=index_version
-    )
+    secret = token or os.environ.get("RAGSTREAM_TOKEN") or _dev_token(tenant, data_dir)
+    # optional fields: set only what was given (an empty string is a present, invalid value)
+    request = pb.RetrieveRequest(query_text=question, top_k=top_k)
+    if tenant:
+        request.tenant = tenant
+    if index_version:
+        request.index_version = index_version
     with grpc.insecure_channel(target) as channel:
         stub = pb_grpc.RetrievalServiceStub(channel)
         try:
@@ -53,12 +57,10 @@ def query(
     return pack
 
 
-def _dev_token(tenant: str) -> str:
-    import json  # noqa: PLC0415 - only for the dev fallback
-
-    path = dev_token_file()
+def _dev_token(tenant: str, data_dir: Path) -> str:
+    path = dev_token_file(data_dir)
     try:
-        tokens: dict[str, str] = json.loads(open(path).read())  # noqa: SIM115
+        tokens: dict[str, str] = json.loads(path.read_text())
     except (OSError, ValueError):
         raise QueryError("no token: pass --token or set RAGSTREAM_TOKEN") from None
     if tenant:

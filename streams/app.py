@@ -159,5 +159,9 @@ def main() -> int:
         start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
         log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
     install_signal_handlers(worker.stop)
-    worker.run()
+    try:
+        worker.run()
+    except ConfigError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
     return 0

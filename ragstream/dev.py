@@ -1,0 +1,277 @@
+"""`ragstream dev`: the whole system on one machine, on its embedded defaults.
+
+One process runs: a tansu broker (Kafka protocol, loopback), the embedded SQLite SoR that
+publishes Debezium-format events, qdrant-edge storage under the data directory, the ingest
+worker, the gRPC Retrieve server and `/metrics`. qdrant-edge allows one opener per shard, so
+the worker and the server share this process and its store. Restarting reuses the data
+directory: the SoR and the index persist; the broker (memory-only) gets a fresh snapshot of
+the SoR, which costs no embedding for unchanged rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import json
+import logging
+import os
+import secrets
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+from prometheus_client import CollectorRegistry, start_http_server
+
+from ragstream.embedders import build_embedder
+from ragstream.embedders.cache import EmbeddingCacheConfig
+from ragstream.embedders.local_onnx import LocalEmbedderConfig
+from ragstream.errors import ConfigError, RagstreamError
+from ragstream.kafka_config import KafkaSettings
+from ragstream.query import QueryError, print_pack, query
+from ragstream.sample import sample_documents
+from ragstream.services.tansu import TansuBroker
+from ragstream.settings import IngestSettings, SorSettings, StoreSettings
+from ragstream.sor.embedded import EmbeddedSor
+from ragstream.store.edge import EdgeStore
+from retrieval_api.app import build_app
+from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
+from streams.app import build_worker
+from streams.consumer import ConsumerConfig
+
+log = logging.getLogger("ragstream.dev")
+
+STACK_FILE = "dev-stack.json"
+TOKENS_FILE = "dev-tokens.json"
+TOPICS = ("sor.public.entities", "ragstream.dlq", "ragstream.audit", "ragstream.reindex-requests")
+EXAMPLES = (
+    ("acme", "If a client cancels a yearly plan after a few weeks, do they get money back?"),
+    ("globex", "how often should the seal of the GX-300 be checked?"),
+    ("acme", "what does error E-2113 mean?"),
+)
+
+
+@dataclass(frozen=True)
+class DevPorts:
+    """Loopback ports of the embedded stack."""
+
+    kafka: int = 19092
+    grpc: int = 50051
+    metrics: int = 9464
+
+
+def _tokens(data_dir: Path, tenants: list[str]) -> dict[str, str]:
+    """Demo API tokens per tenant, created once and kept (0600) in the data directory."""
+    path = data_dir / TOKENS_FILE
+    tokens: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    for tenant in tenants:
+        tokens.setdefault(tenant, secrets.token_urlsafe(24))
+    path.write_text(json.dumps(tokens, indent=2))
+    os.chmod(path, 0o600)
+    return tokens
+
+
+def _create_topics(bootstrap: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [
+            NewTopic(t, num_partitions=4 if t == TOPICS[0] else 1, replication_factor=1)
+            for t in TOPICS
+        ]
+    )
+    for topic, future in futures.items():
+        try:
+            future.result(15)
+        except Exception as exc:  # confluent raises KafkaException(TOPIC_ALREADY_EXISTS)
+            if "already exists" not in str(exc).lower():
+                raise ConfigError(f"cannot create topic {topic}: {exc}") from exc
+
+
+def read_stack(data_dir: Path) -> dict[str, Any]:
+    """The running dev stack's endpoints (for `ragstream sor` and `ragstream query`)."""
+    path = data_dir / STACK_FILE
+    if not path.exists():
+        raise ConfigError(f"no running dev stack: {path} not found (start `ragstream dev`)")
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
+
+
+def run_dev(
+    data_dir: Path, *, ports: DevPorts | None = None, sample_limit: int | None = None
+) -> int:
+    """Start everything, load the sample corpus, serve until Ctrl-C, shut down cleanly."""
+    ports = ports or DevPorts()
+    data_dir = data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    registry = CollectorRegistry()
+    broker = TansuBroker(port=ports.kafka, log_path=data_dir / "tansu.log")
+    try:
+        broker.start()
+    except RagstreamError as exc:  # a port in use surfaces as a dead process: say which
+        raise ConfigError(f"cannot start the broker on 127.0.0.1:{ports.kafka}: {exc}") from exc
+    started = time.monotonic()
+    try:
+        return _run(data_dir, ports, registry, broker, sample_limit=sample_limit, started=started)
+    finally:
+        broker.stop()
+        (data_dir / STACK_FILE).unlink(missing_ok=True)
+
+
+def _run(
+    data_dir: Path,
+    ports: DevPorts,
+    registry: CollectorRegistry,
+    broker: TansuBroker,
+    *,
+    sample_limit: int | None,
+    started: float,
+) -> int:
+    bootstrap = broker.bootstrap_servers
+    _create_topics(bootstrap)
+    sor = EmbeddedSor(data_dir / "sor.sqlite", bootstrap)
+    loaded = sor.load(sample_documents(sample_limit)) if sor.count() == 0 else 0
+    if loaded:
+        print(f"loaded {loaded} sample documents into the SoR ({sor.path})", flush=True)
+    store = EdgeStore(data_dir / "store")
+    embedder = build_embedder(
+        LocalEmbedderConfig(),
+        cache=EmbeddingCacheConfig(path=data_dir / "embedding-cache.sqlite"),
+        registry=registry,
+    )
+    kafka = KafkaSettings(bootstrap_servers=bootstrap)
+    sor_settings = SorSettings(kind="sqlite", sqlite_path=sor.path, table="entities")
+    store_settings = StoreSettings(data_dir=data_dir / "store")
+    worker = build_worker(
+        IngestSettings(
+            kafka=kafka,
+            consumer=ConsumerConfig(session_timeout_ms=6000, heartbeat_interval_ms=1000),
+            store=store_settings,
+            sor=sor_settings,
+            embedding_cache=None,
+        ),
+        registry,
+        store=store,
+        embedder=embedder,
+    )
+    tenants = sorted({d["company_id"] for d in sample_documents(sample_limit)})
+    tokens = _tokens(data_dir, tenants)
+    app = build_app(
+        RetrieveSettings(
+            grpc=GrpcSettings(port=ports.grpc),
+            auth=AuthSettings(
+                tokens={t: hashlib.sha256(v.encode()).hexdigest() for t, v in tokens.items()}
+            ),
+            store=store_settings,
+            sor=sor_settings,
+            kafka=kafka,
+        ),
+        registry,
+        store=store,
+        embedder=embedder,
+    )
+    start_http_server(ports.metrics, "127.0.0.1", registry=registry)
+    worker_thread: threading.Thread | None = None
+    try:
+        worker.check()
+        worker.loop.start()
+        worker_thread = threading.Thread(
+            target=worker.loop.run, args=(worker.stop,), name="ingest", daemon=True
+        )
+        worker_thread.start()
+        total = sor.snapshot()
+        print(f"published a snapshot of {total} rows to {sor.topic}", flush=True)
+        _wait_indexed(registry, total)
+        (data_dir / STACK_FILE).write_text(
+            json.dumps(
+                {
+                    "kafka": bootstrap,
+                    "grpc": f"127.0.0.1:{ports.grpc}",
+                    "metrics": f"http://127.0.0.1:{ports.metrics}/metrics",
+                    "sor": str(sor.path),
+                    "topic": sor.topic,
+                },
+                indent=2,
+            )
+        )
+        asyncio.run(_serve(app, tokens, ports, started, data_dir))
+    finally:
+        worker.stop.set()
+        if worker_thread is not None:
+            worker_thread.join(30)
+        app.close()
+        sor.close()
+        embedder.close()
+        store.close()
+    print("stopped cleanly", flush=True)
+    return 0
+
+
+def _wait_indexed(registry: CollectorRegistry, total: int) -> None:
+    """Block until the worker has handled `total` records, printing counts and rates."""
+    began = time.monotonic()
+    last_print = 0.0
+    while True:
+        done = sum(
+            sample.value
+            for metric in registry.collect()
+            if metric.name == "ragstream_ingest_events"
+            for sample in metric.samples
+            if sample.name == "ragstream_ingest_events_total"
+        )
+        now = time.monotonic()
+        if done >= total or now - last_print >= 2.0:
+            rate = done / max(now - began, 1e-6)
+            print(f"  ingested {int(done)}/{total} records ({rate:.1f}/s)", flush=True)
+            last_print = now
+        if done >= total:
+            return
+        time.sleep(0.25)
+
+
+async def _serve(
+    app: Any, tokens: dict[str, str], ports: DevPorts, started: float, data_dir: Path
+) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await app.server.start()
+    print(
+        f"\nragstream is up ({time.monotonic() - started:.1f}s):\n"
+        f"  gRPC Retrieve   127.0.0.1:{ports.grpc}  (ragstream.retrieval.v1.RetrievalService)\n"
+        f"  metrics         http://127.0.0.1:{ports.metrics}/metrics\n"
+        f"  Kafka (tansu)   127.0.0.1:{ports.kafka}\n"
+        f"  data            {data_dir}\n"
+        f"  tokens          {data_dir / TOKENS_FILE}",
+        flush=True,
+    )
+    try:
+        for tenant, question in EXAMPLES:
+            if tenant not in tokens:
+                continue
+            print(f"\n$ ragstream query --tenant {tenant} {json.dumps(question)}", flush=True)
+            call = functools.partial(
+                query, f"127.0.0.1:{ports.grpc}", tokens[tenant], question, tenant=tenant
+            )
+            try:
+                pack = await loop.run_in_executor(None, call)
+            except QueryError as exc:
+                print(f"query failed: {exc}", flush=True)
+                continue
+            print_pack(pack, as_json=False)
+        print(
+            "\nTry: ragstream sor put --tenant acme --id my-doc"
+            " --text 'Our office dog is called Rex.'"
+            "\n     ragstream query --tenant acme 'what is the name of the office dog?'"
+            "\nPress Ctrl-C to stop.",
+            flush=True,
+        )
+        await stop.wait()
+        print("\nshutting down...", flush=True)
+    finally:
+        await app.server.stop()
