@@ -164,11 +164,18 @@ def _bulletins(rng: random.Random) -> Iterator[dict[str, Any]]:
 
 
 def sample_documents(limit: int | None = None) -> list[dict[str, Any]]:
-    """The whole sample corpus as SoR rows (deterministic); `limit` keeps the first N."""
+    """The whole sample corpus as SoR rows (deterministic), tenants interleaved so that the
+    first N (`limit`) hold documents of both tenants."""
     rng = random.Random(20261122)
     docs = golden_documents()
     docs += list(_release_notes(rng))
     docs += list(_incidents(rng))
     docs += list(_datasheets(rng))
     docs += list(_bulletins(rng))
-    return docs[:limit] if limit is not None else docs
+    position: dict[str, int] = {}
+    keyed = []
+    for doc in docs:
+        n = position[doc["company_id"]] = position.get(doc["company_id"], -1) + 1
+        keyed.append((n, doc["company_id"], doc))
+    ordered = [doc for _, _, doc in sorted(keyed, key=lambda k: (k[0], k[1]))]
+    return ordered[:limit] if limit is not None else ordered
