@@ -64,6 +64,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         sizes = tuple(int(s) for s in args.sizes.split(","))
         _print_json(store.run(sizes=sizes, queries=args.queries))
+    elif args.target == "ingest":
+        from ragstream.bench import ingest
+
+        _print_json(
+            ingest.run(
+                entities=args.entities,
+                steady_seconds=args.steady_seconds,
+                steady_rate=args.steady_rate,
+                cached_entities=args.cached_entities,
+            )
+        )
     elif args.target == "embedder":
         from ragstream.bench import embedder
 
@@ -170,7 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_chunk_preview)
 
     p = sub.add_parser("bench", help="benchmarks (JSON output)")
-    p.add_argument("target", choices=["store", "embedder"])
+    p.add_argument("target", choices=["store", "embedder", "ingest"])
+    p.add_argument("--entities", type=int, default=300, help="ingest: cold-ingest entities")
+    p.add_argument("--cached-entities", type=int, default=5000, help="ingest: cached phase")
+    p.add_argument("--steady-seconds", type=float, default=30.0, help="ingest: freshness run")
+    p.add_argument("--steady-rate", type=float, default=10.0, help="ingest: events/s")
     p.add_argument("--sizes", default="10000,100000", help="store: point counts")
     p.add_argument("--queries", type=int, default=200, help="store: queries per size")
     p.add_argument("--n", type=int, default=300, help="embedder: passages")

@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
 
-from ragstream.embedders.local_onnx import LocalEmbedderConfig, LocalOnnxEmbedder
-from ragstream.services.postgres import PostgresCluster
 from schemas.entities import ContentFormat
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from tests.retrieval_api.stack import Stack, bearer
@@ -32,22 +28,6 @@ VPN = (
     "To connect to the corporate VPN, install the client, sign in with your SSO account and "
     "approve the push notification on your phone. Error E-1042 means your token expired."
 )
-
-
-@pytest.fixture(scope="module")
-def embedder() -> Iterator[LocalOnnxEmbedder]:
-    model = LocalOnnxEmbedder(LocalEmbedderConfig())
-    yield model
-    model.close()
-
-
-@pytest.fixture
-def stack(
-    postgres: PostgresCluster, tmp_path: Path, embedder: LocalOnnxEmbedder
-) -> Iterator[Stack]:
-    s = Stack(postgres.dsn, tmp_path / "store", embedder)
-    yield s
-    s.close()
 
 
 def sor_hash(stack: Stack, entity_id: str) -> str:
