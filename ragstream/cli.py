@@ -111,6 +111,75 @@ def _cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from ragstream.eval import GOLDEN_PATH
+    from ragstream.eval.beir import load_beir
+    from ragstream.eval.dataset import load_evalset
+    from ragstream.eval.gate import check_gate, load_gate
+    from ragstream.eval.manpages import load_pinned
+    from ragstream.eval.report import write_report
+    from ragstream.eval.runner import DEFAULT_CONFIGS, comparison, run_eval
+
+    if args.dataset == "golden":
+        evalset = load_evalset(GOLDEN_PATH)
+    elif args.dataset == "manpages":
+        loaded = load_pinned()
+        if loaded.evalset is None:
+            raise RagstreamError(f"man-page benchmark unavailable: {loaded.skipped_reason}")
+        evalset = loaded.evalset
+    elif args.dataset.startswith("beir:"):
+        evalset = load_beir(Path(args.dataset[5:]), tenant="beir")
+    else:
+        evalset = load_evalset(Path(args.dataset))
+    names = args.configs.split(",") if args.configs else list(DEFAULT_CONFIGS)
+    unknown = [n for n in names if n not in DEFAULT_CONFIGS]
+    if unknown:
+        raise RagstreamError(f"unknown configurations {unknown}; known: {list(DEFAULT_CONFIGS)}")
+    print(
+        f"evaluating {evalset.name}: {len(evalset.entities)} entities, "
+        f"{len(evalset.queries)} queries, configurations {names}",
+        file=sys.stderr,
+        flush=True,
+    )
+    results = run_eval(evalset, configs={n: DEFAULT_CONFIGS[n] for n in names}, top_k=args.top_k)
+    doc: dict[str, Any] = {
+        "dataset": {
+            "name": evalset.name,
+            "entities": len(evalset.entities),
+            "queries": len(evalset.queries),
+        },
+        "configs": {r.name: {"overrides": r.overrides, **r.result.to_dict()} for r in results},
+        "significance": comparison(results) if len(results) > 1 else {},
+    }
+    metrics = ["recall@5", "mrr@10", "ndcg@5", "hit@1", "abstention_precision"]
+    metrics += ["abstention_recall", "latency_p95_ms"]
+    table = [f"{'config':<16}" + "".join(f"{m:>22}" for m in metrics)]
+    for r in results:
+        agg = r.result.aggregates
+        cells = ["n/a" if agg.get(m) is None else f"{agg[m]:.3f}" for m in metrics]
+        table.append(f"{r.name:<16}" + "".join(f"{c:>22}" for c in cells))
+    print("\n".join(table), file=sys.stderr)
+    code = 0
+    if args.gate is not None:
+        gate = check_gate(results[0].result.aggregates, load_gate(args.gate))
+        doc["gate"] = {"file": str(args.gate), "passed": gate.passed, "summary": gate.summary()}
+        print(gate.summary(), file=sys.stderr)
+        code = 0 if gate.passed else 1
+    if args.report is not None:
+        paths = write_report(
+            args.report,
+            {r.name: dict(r.result.aggregates) for r in results},
+            {r.name: [row.to_dict() for row in r.result.rows] for r in results},
+            title=f"ragstream evaluation: {evalset.name}",
+        )
+        print(f"report: {paths}", file=sys.stderr)
+    if args.json is not None:
+        args.json.write_text(json.dumps(doc, indent=2, default=str))
+    else:
+        _print_json(doc)
+    return code
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
     from ragstream.dev import DevPorts, run_dev
 
@@ -211,6 +280,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the pack as JSON")
     p.add_argument("--data-dir", type=Path, default=Path("data"), help="dev stack (tokens)")
     p.set_defaults(func=_cmd_query)
+
+    p = sub.add_parser("eval", help="evaluate retrieval quality through the real Retrieve path")
+    p.add_argument(
+        "--dataset", default="golden", help="golden | manpages | beir:<dir> | <evalset.json>"
+    )
+    p.add_argument("--configs", default=None, help="comma-separated configurations")
+    p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--gate", type=Path, default=None, help="fail (exit 1) below these floors")
+    p.add_argument("--report", type=Path, default=None, help="write JSON + HTML report here")
+    p.add_argument("--json", type=Path, default=None, help="write the full JSON here")
+    p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("dev", help="run the whole system on its embedded defaults")
     p.add_argument("--data-dir", type=Path, default=Path("data"), help="state directory")

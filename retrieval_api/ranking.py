@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from ragstream.errors import StoreError
 from ragstream.fusion import FusedHit
@@ -312,12 +312,21 @@ def rank(
     thresholds: Thresholds,
     score_kind: ScoreKind = ScoreKind.COSINE,
     dedup_per_entity: bool = True,
+    order: Literal["final", "fused"] = "final",
 ) -> Ranking:
-    """Order, filter, threshold and dedup candidates; see the module docstring."""
+    """Order, filter, threshold and dedup candidates; see the module docstring.
+
+    `order="final"` sorts by the calibrated score; `order="fused"` keeps the fusion order
+    (fused score desc) so both branches shape the ranking, while thresholds and confidence
+    still apply to the calibrated score. Ties break on chunk id, then point id.
+    """
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     scored = [(c.final(score_kind), c) for c in candidates]
-    scored.sort(key=lambda sc: (-sc[0], sc[1].chunk_id, sc[1].point_id))
+    if order == "fused" and score_kind is ScoreKind.COSINE:
+        scored.sort(key=lambda sc: (-sc[1].hit.score, sc[1].chunk_id, sc[1].point_id))
+    else:
+        scored.sort(key=lambda sc: (-sc[0], sc[1].chunk_id, sc[1].point_id))
 
     survivors: list[RankedChunk] = []
     excluded: list[Excluded] = []

@@ -217,7 +217,7 @@ class GrpcMetrics(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     code = grpc.StatusCode.UNKNOWN
                 raise
             finally:
-                self.handled.labels(*labels, code.name).inc()
+                self.handled.labels(*labels, go_code_name(code)).inc()
                 self.handling.labels(*labels).observe(time.perf_counter() - began)
 
         return grpc.unary_unary_rpc_method_handler(
@@ -225,6 +225,13 @@ class GrpcMetrics(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+
+def go_code_name(code: grpc.StatusCode) -> str:
+    """go-grpc-prometheus spells codes in CamelCase (`InvalidArgument`); dashboards expect it."""
+    if code == grpc.StatusCode.OK:
+        return "OK"
+    return "".join(part.capitalize() for part in code.name.split("_"))
 
 
 class RetrieveServer:

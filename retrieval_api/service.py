@@ -136,6 +136,7 @@ class Retriever:
                 thresholds=request.thresholds(self.config, score_kind),
                 score_kind=score_kind,
                 dedup_per_entity=self.config.dedup_per_entity,
+                order=self.config.order,
             )
         with stage("verify"):
             ids = entities_to_verify(ranking)

@@ -83,7 +83,7 @@ def test_request_record_has_the_seed_columns_and_no_raw_query() -> None:
     assert (record["index_name"], record["index_version"]) == ("rag__acme__v3", 3)
     assert record["embedding_model_version"] == "all-MiniLM-L6-v2@onnx-int8-1.0.0"
     assert (record["top_k_requested"], record["candidate_k"]) == (2, 8)
-    assert record["min_similarity_hard"] == 0.25
+    assert record["min_similarity_hard"] == RetrievalConfig().cosine_thresholds.hard
     assert (record["status"], record["confidence"], record["score_kind"]) == (
         "success",
         "high",

@@ -82,7 +82,8 @@ def test_all_verified_is_success_with_top_k_results_in_order() -> None:
     assert [r.rank for r in pack.results] == [1, 2, 3]
     assert pack.results_returned == 3 and pack.top_k_requested == 3
     assert pack.confidence == pb.CONFIDENCE_HIGH  # best final 0.81 >= 0.60
-    assert pack.score_kind == pb.SCORE_KIND_COSINE and pack.min_score == 0.25
+    assert pack.score_kind == pb.SCORE_KIND_COSINE
+    assert pack.min_score == RetrievalConfig().cosine_thresholds.hard
     assert (pack.request_id, pack.tenant) == (REQUEST_ID, TENANT)
     assert (pack.index_name, pack.index_version) == ("rag__acme__v3", 3)
     assert pack.embedding_model_version == INDEX.embedding_model_version

@@ -121,8 +121,8 @@ def test_same_request_twice_returns_identical_results_in_identical_order(stack: 
     assert first.SerializeToString(deterministic=True) == second.SerializeToString(
         deterministic=True
     )
-    finals = [r.scores.final for r in first.results]
-    assert finals == sorted(finals, reverse=True)
+    fused = [r.scores.fused for r in first.results]  # default order: the fusion's
+    assert fused == sorted(fused, reverse=True)
 
 
 def test_exact_identifier_is_found_through_the_sparse_branch(stack: Stack) -> None:
@@ -200,10 +200,10 @@ def test_grpc_server_metrics_count_calls_by_status_code(stack: Stack) -> None:
     handled = stack.registry.get_sample_value
     # the client sees an aborted call before the server-side interceptor has counted it
     deadline = time.monotonic() + 5
-    while handled("grpc_server_handled_total", {**labels, "grpc_code": "INVALID_ARGUMENT"}) is None:
+    while handled("grpc_server_handled_total", {**labels, "grpc_code": "InvalidArgument"}) is None:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert handled("grpc_server_handled_total", {**labels, "grpc_code": "OK"}) == 1
-    assert handled("grpc_server_handled_total", {**labels, "grpc_code": "INVALID_ARGUMENT"}) == 1
+    assert handled("grpc_server_handled_total", {**labels, "grpc_code": "InvalidArgument"}) == 1
     assert handled("grpc_server_started_total", labels) == 2
     assert handled("ragstream_retrieve_requests_total", {"status": "SUCCESS"}) == 1
