@@ -246,8 +246,9 @@ def _query_all(
     runs = []
     with grpc.insecure_channel(target) as channel:
         stub = pb_grpc.RetrievalServiceStub(channel)
-        for q in evalset.queries:
-            request = pb.RetrieveRequest(query_text=q.text, top_k=top_k, request_id=q.query_id)
+        for n, q in enumerate(evalset.queries):
+            # query ids (e.g. man page names like c++filt.1) need not be valid request ids
+            request = pb.RetrieveRequest(query_text=q.text, top_k=top_k, request_id=f"eval-{n:06d}")
             began = time.perf_counter()
             try:
                 pack = stub.Retrieve(
