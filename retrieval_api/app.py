@@ -13,6 +13,7 @@ from ragstream.embedders import build_embedder
 from ragstream.embedders.base import Embedder
 from ragstream.errors import ConfigError, RagstreamError
 from ragstream.publish import KafkaPublisher, Publisher
+from ragstream.rerankers import RerankerAdapter, build_reranker
 from ragstream.sor.base import SystemOfRecord
 from ragstream.sparse import Bm25Encoder
 from ragstream.store.base import VectorStore
@@ -40,7 +41,7 @@ class RetrieveApp:
     sor: SystemOfRecord
     publisher: Publisher | None
     #: what `build_app` created (injected parts belong to their owner and stay open)
-    owned: tuple[Publisher | Embedder | SystemOfRecord | VectorStore, ...] = ()
+    owned: tuple[Publisher | Embedder | SystemOfRecord | VectorStore | RerankerAdapter, ...] = ()
 
     def close(self) -> None:
         """Release what the app created (after the server stopped)."""
@@ -58,6 +59,12 @@ def build_app(
     publisher: Publisher | None = None,
 ) -> RetrieveApp:
     """Wire the server from settings; parts may be injected (embedded stack, tests)."""
+    rerank = settings.retrieval.rerank_enabled
+    if rerank and settings.reranker is None:
+        raise ConfigError(
+            "retrieval.rerank_enabled is set but no reranker is configured: set "
+            "RAGSTREAM_RERANKER__KIND (http | onnx)"
+        )
     own_embedder = embedder or build_embedder(settings.embedder)
     mapping = settings.plan.mapping_for(None)
     preparer = Preparer(own_embedder.spec, settings.chunking)
@@ -72,6 +79,9 @@ def build_app(
     if own_publisher is None and settings.publish_enabled:
         own_publisher = KafkaPublisher(settings.kafka, registry)
     key = settings.audit_hmac_key.get_secret_value().encode() if settings.audit_hmac_key else None
+    own_reranker = (
+        build_reranker(settings.reranker) if rerank and settings.reranker is not None else None
+    )
     retriever = Retriever(
         config=settings.retrieval,
         embedder=own_embedder,
@@ -84,14 +94,17 @@ def build_app(
         audit_topic=settings.audit_topic,
         reindex_topic=settings.reindex_topic,
         audit_key=key,
+        reranker=own_reranker,
         attribute_fields=tuple(settings.retrieval.keyword_filter_fields),
     )
 
     def health_check() -> None:
-        """Raise when the embedder, the store or the SoR is unusable."""
+        """Raise when the embedder, the store, the SoR (or an enabled reranker) is unusable."""
         own_embedder.check()
         index_registry.list_tenants()
         own_sor.check()
+        if own_reranker is not None:
+            own_reranker.check()
 
     server = RetrieveServer(
         settings.grpc,
@@ -108,6 +121,7 @@ def build_app(
             (own_embedder, embedder),
             (own_sor, sor),
             (own_store, store),
+            (own_reranker, None),
         )
         if part is not None and injected is None
     ]

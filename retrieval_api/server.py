@@ -12,7 +12,7 @@ errors to status codes (one table, `STATUS_OF`) -> audit. Error table (README "E
 | deadline passed                         | DEADLINE_EXCEEDED    |
 | INDEX_NOT_FOUND                         | NOT_FOUND            |
 | MANIFEST_MISMATCH                       | FAILED_PRECONDITION  |
-| store / embedder / SoR unavailable      | UNAVAILABLE          |
+| store / embedder / SoR / reranker down  | UNAVAILABLE          |
 | any other ragstream error               | INTERNAL             |
 
 A search that ran but found nothing usable is OK with status NO_EVIDENCE. Every non-OK answer
@@ -43,6 +43,7 @@ from ragstream.errors import (
     RagstreamError,
     StoreUnavailableError,
 )
+from ragstream.rerankers import RerankUnavailableError
 from ragstream.sor.sql import SorUnavailableError
 from retrieval_api.evidence import error_pack
 from retrieval_api.service import DeadlineExceededError, Retriever
@@ -79,6 +80,7 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (StoreUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (EmbeddingUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (SorUnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (RerankUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (RagstreamError, grpc.StatusCode.INTERNAL),
 )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -11,10 +12,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ragstream.embedders.local_onnx import LocalEmbedderConfig
 from ragstream.errors import ConfigError
 from ragstream.kafka_config import KafkaSettings
+from ragstream.rerankers.http import HttpRerankerConfig
+from ragstream.rerankers.onnx_cross_encoder import OnnxRerankerConfig
 from ragstream.settings import EmbedderSettings, SorSettings, StoreSettings
 from retrieval_api.config import RetrievalConfig
 from streams.plan import PlanConfig
 from streams.prepare import ChunkingSettings
+
+#: The reranker stage's adapter, told apart by `kind` ("http" | "onnx").
+RerankerSettings = Annotated[HttpRerankerConfig | OnnxRerankerConfig, Field(discriminator="kind")]
 
 
 class GrpcSettings(BaseModel):
@@ -81,6 +87,9 @@ class RetrieveSettings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     embedder: EmbedderSettings = Field(default_factory=LocalEmbedderConfig)
+    reranker: RerankerSettings | None = Field(
+        default=None, description="Used when retrieval.rerank_enabled is set (required then)."
+    )
     store: StoreSettings = Field(default_factory=StoreSettings)
     sor: SorSettings = Field(default_factory=SorSettings)
     plan: PlanConfig = Field(default_factory=PlanConfig)
