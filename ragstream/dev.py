@@ -149,7 +149,11 @@ def _run(
     worker = build_worker(
         IngestSettings(
             kafka=kafka,
-            consumer=ConsumerConfig(session_timeout_ms=6000, heartbeat_interval_ms=1000),
+            consumer=ConsumerConfig(
+                session_timeout_ms=6000,
+                heartbeat_interval_ms=1000,
+                reindex_topic="ragstream.reindex-requests",
+            ),
             store=store_settings,
             sor=sor_settings,
             embedding_cache=None,

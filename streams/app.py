@@ -127,6 +127,7 @@ def build_worker(
         rows=SorRows(sor) if sor is not None else None,
         keyword_fields=mapping.keyword_fields,
         event_date_field=mapping.event_date_field,
+        reindex_topic=settings.consumer.reindex_topic,
     )
     loop = ConsumerLoop(settings.kafka, settings.consumer, handler, metrics)
     return IngestWorker(

@@ -55,6 +55,9 @@ class ConsumerConfig(BaseModel):
         description="Topics to consume; entries starting with '^' are regex patterns.",
     )
     dlq_topic: str = "ragstream.dlq"
+    #: Retrieve publishes reindex requests (stale, deleted or missing hits) here; the worker
+    #: re-reads those entities from the SoR. None: not consumed.
+    reindex_topic: str | None = None
     max_batch_records: int = Field(default=500, gt=0)
     poll_timeout_s: float = Field(default=0.5, gt=0)
     session_timeout_ms: int = 10_000
@@ -203,7 +206,7 @@ class ConsumerLoop:
             ) from exc
         missing = [
             t
-            for t in (*self._config.topics, self._config.dlq_topic)
+            for t in (*self.subscriptions(), self._config.dlq_topic)
             if not t.startswith("^") and t not in metadata.topics
         ]
         if missing:
@@ -212,14 +215,21 @@ class ConsumerLoop:
         self._consumer = consumer
         self._producer = Producer(self._producer_config())
         consumer.subscribe(
-            list(self._config.topics), on_assign=self._on_assign, on_revoke=self._on_revoke
+            self.subscriptions(), on_assign=self._on_assign, on_revoke=self._on_revoke
         )
         log.info(
             "consuming %s as group %s (%s)",
-            list(self._config.topics),
+            self.subscriptions(),
             self._config.group_id,
             self._kafka.redacted_config(),
         )
+
+    def subscriptions(self) -> list[str]:
+        """The change-event topics, plus the reindex-request topic when configured."""
+        topics = list(self._config.topics)
+        if self._config.reindex_topic:
+            topics.append(self._config.reindex_topic)
+        return topics
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._assigned.update((p.topic, p.partition) for p in partitions)

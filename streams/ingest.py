@@ -9,6 +9,7 @@ chunks that the next delivery removes; never a gap. Re-delivery rewrites the sam
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -168,6 +169,7 @@ class IngestHandler:
         rows: RowSource | None = None,
         keyword_fields: Sequence[str] = (),
         event_date_field: str | None = None,
+        reindex_topic: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._decode = decode
@@ -181,6 +183,7 @@ class IngestHandler:
         self._rows = rows
         self._keyword_fields = tuple(keyword_fields)
         self._event_date_field = event_date_field
+        self._reindex_topic = reindex_topic
         self._clock = clock
 
     # --- BatchHandler -----------------------------------------------------------------------
@@ -202,6 +205,11 @@ class IngestHandler:
         by_entity: dict[tuple[str, bool], _Work] = {}
         decode_s = plan_s = 0.0
         for rec in records:
+            if self._reindex_topic is not None and rec.topic == self._reindex_topic:
+                request = self._reindex_plan(rec, letters)
+                if request is not None:
+                    self._reduce(by_entity, request, rec)
+                continue
             t0 = time.perf_counter()
             try:
                 event = self._decode(rec)
@@ -233,6 +241,26 @@ class IngestHandler:
         self._metrics.stage_seconds.labels("decode").observe(decode_s)
         self._metrics.stage_seconds.labels("plan").observe(plan_s)
         return list(by_entity.values())
+
+    def _reindex_plan(self, rec: RawRecord, letters: list[DeadLetter]) -> Plan | None:
+        """A reindex request from Retrieve -> re-read the entity from the SoR (a refetch)."""
+        try:
+            doc = json.loads(rec.value or b"")
+            tenant, entity_id = doc["tenant"], doc["entity_id"]
+            if not isinstance(tenant, str) or not isinstance(entity_id, str) or not entity_id:
+                raise TypeError("tenant and entity_id must be strings")
+        except (ValueError, KeyError, TypeError) as exc:
+            letters.append(DeadLetter(rec, "BAD_REINDEX_REQUEST", str(exc), "decode"))
+            self._count(rec.topic, "reindex", "dlq")
+            return None
+        return Plan(
+            Action.REFETCH,
+            "reindex_request",
+            rec.position,
+            tenant_id=tenant,
+            entity_id=entity_id,
+            detail=f"Retrieve found it {doc.get('reason', 'stale')}: re-read from the SoR",
+        )
 
     @staticmethod
     def _reduce(by_entity: dict[tuple[str, bool], _Work], plan: Plan, rec: RawRecord) -> None:

@@ -10,6 +10,7 @@ table of schemas/sql/entities.postgres.sql in a schema of its own per test. The 
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -134,6 +135,7 @@ def settings_for(
             session_timeout_ms=2000,
             heartbeat_interval_ms=300,
             poll_timeout_s=0.2,
+            reindex_topic=f"{topic}.reindex",
         ),
         store=StoreSettings(data_dir=data_dir),
         embedding_cache=None,
@@ -151,7 +153,7 @@ def sor_env(
         conn.execute(f'CREATE SCHEMA "{schema}"'.encode())
         conn.execute(f'SET search_path TO "{schema}"'.encode())
         conn.execute(TABLE_SQL.read_text().encode())
-    create_topics(kafka_broker.bootstrap_servers, topic, dlq)
+    create_topics(kafka_broker.bootstrap_servers, topic, dlq, f"{topic}.reindex")
     sor = SorSettings(kind="postgres", dsn=SecretStr(postgres.dsn), table=f"{schema}.entities")
     settings = settings_for(
         kafka_broker, topic, dlq, group=suffix, data_dir=tmp_path / "store", sor=sor
@@ -243,6 +245,34 @@ def test_toast_placeholder_for_a_row_gone_from_the_sor_deletes_the_entity(
     assert sor_env.points() == []
     assert sor_env.outcome("deleted") == 1
     assert (sor_env.registry.get_sample_value("ragstream_ingest_chunks_deleted_total") or 0) == 1
+
+
+def test_a_reindex_request_from_retrieve_makes_the_worker_reread_the_sor_row(
+    sor_env: SorEnv,
+) -> None:
+    old_text = "The pump needs calibration every month."
+    insert(sor_env, old_text, T0)
+    sor_env.deliver(sor_env.event(Op.CREATE, None, row(old_text, T0)))
+    # The SoR changes and its change event is lost: Retrieve finds the hit stale and asks.
+    new_text = "The pump needs calibration every week since the 2026 firmware update."
+    sor_env.sql(
+        "UPDATE entities SET content = %s, updated_at = %s WHERE id = %s",
+        (new_text, T0 + timedelta(minutes=3), ENTITY),
+    )
+    reindex = f"{sor_env.topic}.reindex"
+    request = {"tenant": TENANT, "entity_id": ENTITY, "reason": "stale", "request_id": "r1"}
+    bad = b"{not json"
+    last = produce(
+        sor_env.broker.bootstrap_servers,
+        reindex,
+        [Record(b"k", json.dumps(request).encode()), Record(b"k", bad)],
+    )
+    wait_committed(sor_env.broker.bootstrap_servers, sor_env.group, reindex, last, 60)
+    assert [p.payload["text"] for p in sor_env.points()] == [new_text]
+    dlq = sor_env.registry.get_sample_value(
+        "ragstream_ingest_dlq_records_total", {"code": "BAD_REINDEX_REQUEST"}
+    )
+    assert dlq == 1
 
 
 def test_a_worker_started_with_a_missing_topic_fails_fast_with_a_clear_message(
