@@ -64,6 +64,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         sizes = tuple(int(s) for s in args.sizes.split(","))
         _print_json(store.run(sizes=sizes, queries=args.queries))
+    elif args.target == "retrieve":
+        from ragstream.bench import retrieve
+
+        levels = tuple(int(c) for c in args.concurrency.split(","))
+        _print_json(retrieve.run(points=args.points, queries=args.queries, concurrency=levels))
     elif args.target == "ingest":
         from ragstream.bench import ingest
 
@@ -250,13 +255,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_chunk_preview)
 
     p = sub.add_parser("bench", help="benchmarks (JSON output)")
-    p.add_argument("target", choices=["store", "embedder", "ingest"])
+    p.add_argument("target", choices=["store", "embedder", "ingest", "retrieve"])
+    p.add_argument("--points", type=int, default=100_000, help="retrieve: indexed chunks")
+    p.add_argument("--concurrency", default="1,8", help="retrieve: client concurrency levels")
     p.add_argument("--entities", type=int, default=300, help="ingest: cold-ingest entities")
     p.add_argument("--cached-entities", type=int, default=5000, help="ingest: cached phase")
     p.add_argument("--steady-seconds", type=float, default=30.0, help="ingest: freshness run")
     p.add_argument("--steady-rate", type=float, default=10.0, help="ingest: events/s")
     p.add_argument("--sizes", default="10000,100000", help="store: point counts")
-    p.add_argument("--queries", type=int, default=200, help="store: queries per size")
+    p.add_argument("--queries", type=int, default=200, help="store/retrieve: queries per run")
     p.add_argument("--n", type=int, default=300, help="embedder: passages")
     p.add_argument("--batch-size", type=int, default=32, help="embedder: batch size")
     p.set_defaults(func=_cmd_bench)

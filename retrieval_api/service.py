@@ -149,7 +149,6 @@ class Retriever:
                 version=index.version,
                 embedding_model_version=index.manifest.embedding_model_version,
             )
-            timings["total"] = (time.perf_counter() - started) * 1000
             pack = build_pack(
                 request,
                 info,
@@ -159,6 +158,9 @@ class Retriever:
                 timings_ms=timings,
                 attribute_fields=self._attribute_fields,
             )
+        # the evidence stage ends after the pack copied the timings: record it and the total
+        pack.timings_ms["evidence"] = timings["evidence"]
+        pack.timings_ms["total"] = (time.perf_counter() - started) * 1000
         self._after(pack, request, requested_at)
         return pack
 

@@ -55,6 +55,9 @@ def test_provenance_chain_leads_from_result_to_the_same_sor_row(stack: Stack) ->
     assert pack.embedding_model_version == "all-MiniLM-L6-v2@onnx-int8-1.0.0"
     assert pack.index_name == "rag__acme__v1" and pack.index_version == 1
     assert top.scores.similarity == top.scores.final  # thresholds use the cosine
+    stages = {"resolve", "embed", "search", "rank", "verify", "evidence", "total"}
+    assert stages <= set(pack.timings_ms)
+    assert pack.timings_ms["total"] >= pack.timings_ms["evidence"]
 
 
 def test_sor_update_after_indexing_excludes_the_stale_chunk_and_requests_reindex(
