@@ -13,13 +13,10 @@ construction when configured that way, masked in every repr, and scrubbed from e
 from __future__ import annotations
 
 import base64
-import email.utils
 import logging
-import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -31,10 +28,15 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from ragstream.embedders.base import Vectors, empty_vectors, finalize, with_prefix
 from ragstream.embedders.spec import EmbeddingSpec
 from ragstream.errors import (
-    ConfigError,
     EmbeddingDimensionError,
     EmbeddingError,
     EmbeddingUnavailableError,
+)
+from ragstream.http_common import (
+    equal_jitter_backoff,
+    parse_retry_after,
+    resolve_api_key,
+    scrub,
 )
 
 __all__ = ["MAX_BATCH_SIZE", "OpenAIEmbedder", "OpenAIEmbedderConfig"]
@@ -117,50 +119,7 @@ class OpenAIEmbedderConfig(BaseModel):
 
     def resolve_api_key(self) -> str | None:
         """The key from `api_key` or `api_key_file` (stripped), or None when neither is set."""
-        if self.api_key is not None:
-            return self.api_key.get_secret_value()
-        if self.api_key_file is None:
-            return None
-        try:
-            key = self.api_key_file.read_text("utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot read api_key_file {self.api_key_file}: {exc.strerror or exc}"
-            ) from exc
-        if not key:
-            raise ConfigError(f"api_key_file {self.api_key_file} is empty")
-        return key
-
-
-def parse_retry_after(
-    headers: Mapping[str, str], now: Callable[[], datetime] | None = None
-) -> float | None:
-    """Seconds to wait from `retry-after-ms`, or `Retry-After` (seconds or an HTTP date).
-
-    `headers` should be case-insensitive (the SDK's response headers are).
-    """
-    millis = headers.get("retry-after-ms")
-    if millis is not None:
-        try:
-            value = float(millis) / 1000.0
-        except ValueError:
-            value = math.nan
-        if math.isfinite(value):
-            return max(value, 0.0)
-    raw = headers.get("retry-after")
-    if raw is None:
-        return None
-    try:
-        seconds = float(raw)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(raw)
-        except (TypeError, ValueError):
-            log.warning("ignoring unparsable Retry-After header %r", raw[:64])
-            return None
-        current = now() if now is not None else datetime.now(UTC)
-        seconds = (when - current).total_seconds()
-    return max(seconds, 0.0) if math.isfinite(seconds) else None
+        return resolve_api_key(self.api_key, self.api_key_file)
 
 
 class OpenAIEmbedder:
@@ -300,13 +259,8 @@ class OpenAIEmbedder:
         )
 
     def _backoff(self, attempt: int) -> float:
-        """Capped exponential delay with "equal jitter": half fixed, half random.
-
-        The fixed half guarantees a minimum pause; the random half spreads retries of many
-        workers so they do not hit a recovering server in lockstep.
-        """
-        ceiling = min(self._config.backoff_max_s, self._config.backoff_base_s * 2.0**attempt)
-        return ceiling / 2.0 + self._rand() * ceiling / 2.0
+        c = self._config
+        return equal_jitter_backoff(attempt, c.backoff_base_s, c.backoff_max_s, self._rand)
 
     def _status_message(self, exc: openai.APIStatusError) -> str:
         body: Any = exc.body
@@ -320,8 +274,7 @@ class OpenAIEmbedder:
         )
 
     def _scrub(self, text: str) -> str:
-        # A server may echo the request (headers included) in its error message.
-        return text.replace(self._secret, "***") if self._secret else text
+        return scrub(text, self._secret)
 
     def _vectors(self, response: Any, count: int) -> Vectors:
         data = list(getattr(response, "data", None) or [])

@@ -40,8 +40,12 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from ragstream.embedders.openai_http import parse_retry_after
-from ragstream.errors import ConfigError
+from ragstream.http_common import (
+    equal_jitter_backoff,
+    parse_retry_after,
+    resolve_api_key,
+    scrub,
+)
 from ragstream.rerankers import RerankError, RerankUnavailableError
 
 __all__ = ["HttpReranker", "HttpRerankerConfig", "sigmoid"]
@@ -124,19 +128,7 @@ class HttpRerankerConfig(BaseModel):
 
     def resolve_api_key(self) -> str | None:
         """The key from `api_key` or `api_key_file` (stripped), or None when neither is set."""
-        if self.api_key is not None:
-            return self.api_key.get_secret_value()
-        if self.api_key_file is None:
-            return None
-        try:
-            key = self.api_key_file.read_text("utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot read api_key_file {self.api_key_file}: {exc.strerror or exc}"
-            ) from exc
-        if not key:
-            raise ConfigError(f"api_key_file {self.api_key_file} is empty")
-        return key
+        return resolve_api_key(self.api_key, self.api_key_file)
 
 
 class HttpReranker:
@@ -274,9 +266,8 @@ class HttpReranker:
         )
 
     def _backoff(self, attempt: int) -> float:
-        """Capped exponential delay with "equal jitter": half fixed, half random."""
-        ceiling = min(self._config.backoff_max_s, self._config.backoff_base_s * 2.0**attempt)
-        return ceiling / 2.0 + self._rand() * ceiling / 2.0
+        c = self._config
+        return equal_jitter_backoff(attempt, c.backoff_base_s, c.backoff_max_s, self._rand)
 
     def _status_message(self, response: httpx.Response) -> str:
         text = response.text
@@ -293,8 +284,7 @@ class HttpReranker:
         return f"{self._label}: request rejected (HTTP {response.status_code}): {text}"
 
     def _scrub(self, text: str) -> str:
-        # A server may echo the request (headers included) in its error message.
-        return text.replace(self._secret, "***") if self._secret else text
+        return scrub(text, self._secret)
 
     def _malformed(self, why: str) -> RerankError:
         return RerankError(f"{self._label}: malformed response: {self._scrub(why)}")

@@ -290,6 +290,22 @@ class HybridResult:
         )
 
 
+def split_engine_vectors(vector: Any) -> tuple[NDArray[np.float32] | None, SparseVector | None]:
+    """The dense and sparse vectors of a point as either engine returns them (a dict of named
+    vectors; sparse ones with `.indices`/`.values` in storage order, which is not sorted)."""
+    if not isinstance(vector, dict):
+        return None, None
+    dense_raw = vector.get(DENSE_VECTOR)
+    sparse_raw = vector.get(SPARSE_VECTOR)
+    dense = None if dense_raw is None else np.asarray(dense_raw, dtype=np.float32)
+    sparse = None
+    if sparse_raw is not None:
+        sparse = SparseVector.from_mapping(
+            dict(zip(sparse_raw.indices, sparse_raw.values, strict=True))
+        )
+    return dense, sparse
+
+
 def check_tenant(hits: Sequence[ScoredHit] | Sequence[StoredPoint], tenant_id: str) -> None:
     """Defence in depth: raise StoreError if any hit belongs to another tenant.
 

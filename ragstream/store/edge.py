@@ -54,6 +54,7 @@ from ragstream.store.base import (
     chunk_manifest,
     datetime_bounds,
     numeric_bounds,
+    split_engine_vectors,
 )
 from ragstream.store.ids import validate_collection_name, validate_tenant
 
@@ -138,21 +139,6 @@ def _dense_list(vector: DenseVector) -> list[float]:
 
 def _to_sparse(vector: SparseVector) -> qe.SparseVector:
     return qe.SparseVector(list(vector.indices), list(vector.values))
-
-
-def _from_vectors(vector: Any) -> tuple[np.ndarray[Any, Any] | None, SparseVector | None]:
-    if not isinstance(vector, dict):
-        return None, None
-    dense_raw = vector.get(DENSE_VECTOR)
-    sparse_raw = vector.get(SPARSE_VECTOR)
-    dense = None if dense_raw is None else np.asarray(dense_raw, dtype=np.float32)
-    sparse = None
-    if sparse_raw is not None:
-        # Storage order is not guaranteed sorted; values come back as stored (float32).
-        sparse = SparseVector.from_mapping(
-            dict(zip(sparse_raw.indices, sparse_raw.values, strict=True))
-        )
-    return dense, sparse
 
 
 class EdgeStore:
@@ -395,7 +381,7 @@ class EdgeStore:
                 point_id=_str_id(p.id),
                 score=float(p.score),
                 payload=p.payload or {},
-                dense=_from_vectors(p.vector)[0],
+                dense=split_engine_vectors(p.vector)[0],
             )
             for p in points
         ]
@@ -470,7 +456,7 @@ class EdgeStore:
         return HybridResult(tuple(dense_hits), tuple(sparse_hits), limit)
 
     def _stored(self, record: qe.Record) -> StoredPoint:
-        dense, sparse = _from_vectors(record.vector)
+        dense, sparse = split_engine_vectors(record.vector)
         return StoredPoint(_str_id(record.id), record.payload or {}, dense, sparse)
 
     def retrieve(

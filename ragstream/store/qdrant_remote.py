@@ -47,6 +47,7 @@ from ragstream.store.base import (
     chunk_manifest,
     datetime_bounds,
     numeric_bounds,
+    split_engine_vectors,
 )
 from ragstream.store.ids import validate_collection_name, validate_tenant
 
@@ -101,21 +102,6 @@ def _dense_list(vector: DenseVector) -> list[float]:
 
 def _to_sparse(vector: SparseVector) -> models.SparseVector:
     return models.SparseVector(indices=list(vector.indices), values=list(vector.values))
-
-
-def _from_vectors(vector: Any) -> tuple[np.ndarray[Any, Any] | None, SparseVector | None]:
-    if not isinstance(vector, dict):
-        return None, None
-    dense_raw = vector.get(DENSE_VECTOR)
-    sparse_raw = vector.get(SPARSE_VECTOR)
-    dense = None if dense_raw is None else np.asarray(dense_raw, dtype=np.float32)
-    sparse = None
-    if sparse_raw is not None:
-        # The server returns sparse vectors with indices in storage order: sort them.
-        sparse = SparseVector.from_mapping(
-            dict(zip(sparse_raw.indices, sparse_raw.values, strict=True))
-        )
-    return dense, sparse
 
 
 class QdrantRemoteStore:
@@ -408,7 +394,7 @@ class QdrantRemoteStore:
                 point_id=str(p.id),
                 score=float(p.score),
                 payload=p.payload or {},
-                dense=_from_vectors(p.vector)[0],
+                dense=split_engine_vectors(p.vector)[0],
             )
             for p in points
         ]
@@ -492,7 +478,7 @@ class QdrantRemoteStore:
         return HybridResult(tuple(dense_hits), tuple(sparse_hits), limit)
 
     def _stored(self, record: models.Record) -> StoredPoint:
-        dense, sparse = _from_vectors(record.vector)
+        dense, sparse = split_engine_vectors(record.vector)
         return StoredPoint(str(record.id), record.payload or {}, dense, sparse)
 
     def retrieve(

@@ -22,12 +22,9 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from ragstream.embedders.base import Embedder
-from ragstream.embedders.openai_http import (
-    OpenAIEmbedder,
-    OpenAIEmbedderConfig,
-    parse_retry_after,
-)
+from ragstream.embedders.openai_http import OpenAIEmbedder, OpenAIEmbedderConfig
 from ragstream.errors import EmbeddingDimensionError, EmbeddingError, EmbeddingUnavailableError
+from ragstream.http_common import parse_retry_after
 
 DIM = 8
 KEY = "sk-test-Secret-4242"
