@@ -23,6 +23,7 @@ from ragstream.errors import (
     DecodeError,
     MappingError,
     RecordTooLargeError,
+    StoreUnavailableError,
 )
 from ragstream.store.base import (
     CHUNK_ID,
@@ -352,6 +353,8 @@ class IngestHandler:
         texts: list[str] = []
         applied: list[_Work] = []
         manifests = self._manifests([entity for _, entity in upserts])
+        refresh: list[tuple[Entity, TargetIndex, dict[str, ChunkRef]]] = []
+        refreshed_items: list[_Work] = []
         for item, entity in upserts:
             targets = self._targets.write_targets(entity.tenant_id)
             chunks: list[Chunk] | None = None
@@ -365,6 +368,11 @@ class IngestHandler:
                 if refs and self._unchanged(refs, entity):
                     outcome = outcome or "unchanged"
                     continue
+                if refs and self._same_content(refs, entity):
+                    refresh.append((entity, target, refs))
+                    refreshed_items.append(item)
+                    outcome = "write"
+                    continue
                 if chunks is None:
                     chunks = self._chunk(item, entity, letters)
                     if chunks is None:
@@ -376,14 +384,14 @@ class IngestHandler:
                 self._metrics.skipped_older.inc()
             if outcome in {"stale", "unchanged"}:
                 self._count_all(item, outcome)
-        if not pending:
+        if not pending and not refresh:
             return applied
-        vectors = self._embed(texts)
+        vectors = self._embed(texts) if texts else None
         started = time.perf_counter()
         offset = 0
-        by_collection: dict[str, list[PointRecord]] = {}
         obsolete: dict[str, list[str]] = {}
         indexed_at = _rfc3339(datetime.now(UTC))
+        by_collection = self._refreshed(refresh, indexed_at)
         for _item, entity, target, refs, chunks in pending:
             points = []
             for chunk in chunks:
@@ -391,7 +399,7 @@ class IngestHandler:
                     entity,
                     chunk=chunk,
                     target=target,
-                    vector=vectors[offset],
+                    vector=vectors[offset] if vectors is not None else None,
                     indexed_at=indexed_at,
                     chunk_count=len(chunks),
                 )
@@ -411,7 +419,7 @@ class IngestHandler:
                 self._metrics.chunks_deleted.inc(len(ids))
         self._metrics.stage_seconds.labels("write").observe(time.perf_counter() - started)
         seen: set[int] = set()
-        for item, *_ in pending:
+        for item in [*(w for w, *_ in pending), *refreshed_items]:
             if id(item) not in seen:
                 seen.add(id(item))
                 applied.append(item)
@@ -436,6 +444,14 @@ class IngestHandler:
                     ref = ChunkRef(point.point_id, p[CHUNK_ID], p.get(SOURCE_HASH), p)
                     out.setdefault((collection, p[ENTITY_ID]), {})[ref.chunk_id] = ref
         return out
+
+    @staticmethod
+    def _same_content(refs: Mapping[str, ChunkRef], entity: Entity) -> bool:
+        """A complete chunk set made from the same content: only the payload may differ."""
+        expected = {r.payload.get(CHUNK_COUNT) for r in refs.values()}
+        return expected == {len(refs)} and all(
+            ref.source_hash == entity.content_hash for ref in refs.values()
+        )
 
     def _unchanged(self, refs: Mapping[str, ChunkRef], entity: Entity) -> bool:
         """Same content hash on every chunk and a complete chunk set: nothing to re-embed.
@@ -478,6 +494,32 @@ class IngestHandler:
         self._metrics.stage_seconds.labels("embed").observe(time.perf_counter() - started)
         return vectors
 
+    def _entity_fields(
+        self, entity: Entity, target: TargetIndex, indexed_at: str | None
+    ) -> dict[str, Any]:
+        """The payload fields that come from the entity row (not from the chunk text)."""
+        spec = self._embedder.spec
+        fields: dict[str, Any] = {
+            TENANT_ID: entity.tenant_id,
+            ENTITY_ID: entity.entity_id,
+            SOURCE_HASH: entity.content_hash,
+            ENTITY_TYPE: entity.entity_type,
+            "title": entity.title,
+            "content_format": entity.content_format.value,
+            "created_at": _rfc3339(entity.created_at),
+            "updated_at": _rfc3339(entity.updated_at),
+            "embedding_model": spec.name,
+            "embedding_version": spec.model_version,
+            "index_version": target.version,
+            "indexed_at": indexed_at,
+            EVENT_DATE: self._event_date(entity),
+            **version_payload(entity.version),
+        }
+        for key in self._keyword_fields:
+            value = entity.metadata.get(key)
+            fields[key] = value if isinstance(value, str | int | bool) else None
+        return fields
+
     def _point(
         self,
         entity: Entity,
@@ -488,40 +530,51 @@ class IngestHandler:
         indexed_at: str | None,
         chunk_count: int,
     ) -> PointRecord:
-        spec = self._embedder.spec
         payload: dict[str, Any] = {
-            TENANT_ID: entity.tenant_id,
-            ENTITY_ID: entity.entity_id,
+            **self._entity_fields(entity, target, indexed_at),
             CHUNK_ID: chunk.chunk_id,
-            SOURCE_HASH: entity.content_hash,
-            ENTITY_TYPE: entity.entity_type,
             "chunk_index": chunk.chunk_index,
             CHUNK_COUNT: chunk_count,  # the whole set's size: detects partial writes
             "locator": chunk.locator.model_dump(mode="json"),
-            "title": entity.title,
             "text": chunk.text,
-            "content_format": entity.content_format.value,
-            "created_at": _rfc3339(entity.created_at),
-            "updated_at": _rfc3339(entity.updated_at),
-            "embedding_model": spec.name,
-            "embedding_version": spec.model_version,
-            "index_version": target.version,
-            "indexed_at": indexed_at,
-            **version_payload(entity.version),
         }
-        event_date = self._event_date(entity)
-        if event_date is not None:
-            payload[EVENT_DATE] = event_date
-        for key in self._keyword_fields:
-            value = entity.metadata.get(key)
-            if isinstance(value, str | int | bool):
-                payload[key] = value
         return PointRecord(
             point_id=point_id(entity.tenant_id, chunk.chunk_id, target.version),
             dense=vector,
             sparse=self._sparse.encode_document(chunk.text),
-            payload=payload,
+            payload={k: v for k, v in payload.items() if v is not None},
         )
+
+    def _refreshed(
+        self,
+        refresh: Sequence[tuple[Entity, TargetIndex, dict[str, ChunkRef]]],
+        indexed_at: str | None,
+    ) -> dict[str, list[PointRecord]]:
+        """Points of entities whose content is unchanged (same hash, complete chunk set) but
+        whose row changed (version, title, type, keywords): the stored vectors are rewritten
+        with the new payload, so no chunking, embedding or sparse encoding is repeated."""
+        wanted: dict[tuple[str, str], list[tuple[Entity, TargetIndex, ChunkRef]]] = {}
+        for entity, target, refs in refresh:
+            key = (target.collection, entity.tenant_id)
+            wanted.setdefault(key, []).extend((entity, target, r) for r in refs.values())
+        out: dict[str, list[PointRecord]] = {}
+        for (collection, tenant), items in wanted.items():
+            ids = [ref.point_id for _, _, ref in items]
+            stored = {p.point_id: p for p in self._store.retrieve(collection, ids, tenant, True)}
+            for entity, target, ref in items:
+                point = stored.get(ref.point_id)
+                if point is None or point.dense is None:
+                    raise StoreUnavailableError(f"point {ref.point_id} vanished during refresh")
+                payload = {**point.payload, **self._entity_fields(entity, target, indexed_at)}
+                out.setdefault(collection, []).append(
+                    PointRecord(
+                        point_id=ref.point_id,
+                        dense=point.dense,
+                        sparse=point.sparse,
+                        payload={k: v for k, v in payload.items() if v is not None},
+                    )
+                )
+        return out
 
     def _event_date(self, entity: Entity) -> str | None:
         if self._event_date_field is None:

@@ -24,11 +24,12 @@ from ragstream.kafka_config import KafkaSettings
 from ragstream.services.tansu import TansuBroker
 from ragstream.settings import IngestSettings, StoreSettings
 from ragstream.sor.debezium_format import change_event, encode_key, encode_value
-from ragstream.store.base import PointRecord, VectorStore
+from ragstream.store.base import PointRecord, StoreFilter, VectorStore
 from ragstream.store.edge import EdgeStore
 from schemas.events import Op
 from streams.app import IngestWorker, build_worker
 from streams.consumer import ConsumerConfig
+from streams.mapping import epoch_us
 from streams.prepare import Preparer
 from tests.streams.support import (
     HASH_SPEC,
@@ -174,6 +175,30 @@ def test_ingesting_an_entity_twice_leaves_exactly_its_chunks_and_embeds_once(
         )
         == 1
     )
+
+
+def test_row_change_with_unchanged_content_rewrites_payloads_without_embedding(
+    env: Env, preparer: Preparer
+) -> None:
+    sor = SorModel()
+    text = content(sor.rng, 30)
+    env.start_worker()
+    env.wait(env.produce([sor.put("ent-a", "acme", text)]))
+    before = env.snapshot(["acme"])
+    texts_before = env.embedder.texts
+    env.wait(env.produce([sor.put("ent-a", "acme", text, name="Renamed doc")]))
+    assert env.snapshot(["acme"]) == before  # same chunk set, same hashes
+    assert env.embedder.texts == texts_before  # nothing re-embedded
+    registry = env.workers[0][0].registry
+    name = registry.manifest("acme", registry.active_version("acme") or 0).index_name
+    points = list(env.store.scroll(name, StoreFilter(tenant_id="acme")))
+    assert {p.payload["title"] for p in points} == {"Renamed doc"}
+    newest = sor.rows["ent-a"]["updated_at"]
+    assert {p.payload["source_updated_at_us"] for p in points} == {epoch_us(newest)}
+    hits = env.store.search_dense(
+        name, env.embedder.embed_query(text), StoreFilter(tenant_id="acme"), limit=1
+    )
+    assert hits and hits[0].payload["source_entity_id"] == "ent-a"  # vectors kept
 
 
 def test_update_shrinking_ten_chunks_to_three_then_delete_and_soft_delete(
