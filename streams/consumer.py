@@ -259,7 +259,12 @@ class ConsumerLoop:
         consumer = self._require_consumer()
         if self._paused_until is not None and time.monotonic() >= self._paused_until:
             self._resume_all()
-        msgs = consumer.consume(self._config.max_batch_records, self._config.poll_timeout_s)
+        # Wait for the first record only, then take what is already fetched: a lone event is
+        # handled at once (freshness), while under load the local queue still fills batches.
+        first = consumer.poll(self._config.poll_timeout_s)
+        msgs = [] if first is None else [first]
+        if first is not None and self._config.max_batch_records > 1:
+            msgs += consumer.consume(self._config.max_batch_records - 1, 0)
         records: list[RawRecord] = []
         for msg in msgs:
             err = msg.error()

@@ -23,7 +23,6 @@ from ragstream.errors import (
     DecodeError,
     MappingError,
     RecordTooLargeError,
-    StoreUnavailableError,
 )
 from ragstream.store.base import (
     CHUNK_ID,
@@ -391,7 +390,8 @@ class IngestHandler:
         offset = 0
         obsolete: dict[str, list[str]] = {}
         indexed_at = _rfc3339(datetime.now(UTC))
-        by_collection = self._refreshed(refresh, indexed_at)
+        self._refresh(refresh, indexed_at)
+        by_collection: dict[str, list[PointRecord]] = {}
         for _item, entity, target, refs, chunks in pending:
             points = []
             for chunk in chunks:
@@ -497,11 +497,10 @@ class IngestHandler:
     def _entity_fields(
         self, entity: Entity, target: TargetIndex, indexed_at: str | None
     ) -> dict[str, Any]:
-        """The payload fields that come from the entity row (not from the chunk text)."""
+        """The payload fields that come from the entity row and may change in place (identity
+        fields — tenant, entity, chunk — are set only when a point is written)."""
         spec = self._embedder.spec
         fields: dict[str, Any] = {
-            TENANT_ID: entity.tenant_id,
-            ENTITY_ID: entity.entity_id,
             SOURCE_HASH: entity.content_hash,
             ENTITY_TYPE: entity.entity_type,
             "title": entity.title,
@@ -532,6 +531,8 @@ class IngestHandler:
     ) -> PointRecord:
         payload: dict[str, Any] = {
             **self._entity_fields(entity, target, indexed_at),
+            TENANT_ID: entity.tenant_id,
+            ENTITY_ID: entity.entity_id,
             CHUNK_ID: chunk.chunk_id,
             "chunk_index": chunk.chunk_index,
             CHUNK_COUNT: chunk_count,  # the whole set's size: detects partial writes
@@ -545,36 +546,20 @@ class IngestHandler:
             payload={k: v for k, v in payload.items() if v is not None},
         )
 
-    def _refreshed(
+    def _refresh(
         self,
         refresh: Sequence[tuple[Entity, TargetIndex, dict[str, ChunkRef]]],
         indexed_at: str | None,
-    ) -> dict[str, list[PointRecord]]:
-        """Points of entities whose content is unchanged (same hash, complete chunk set) but
-        whose row changed (version, title, type, keywords): the stored vectors are rewritten
-        with the new payload, so no chunking, embedding or sparse encoding is repeated."""
-        wanted: dict[tuple[str, str], list[tuple[Entity, TargetIndex, ChunkRef]]] = {}
+    ) -> None:
+        """Entities whose content is unchanged (same hash, complete chunk set) but whose row
+        changed (version, title, type, keywords): their payloads are updated in place, so no
+        chunking, embedding, sparse encoding or vector rewrite is repeated."""
         for entity, target, refs in refresh:
-            key = (target.collection, entity.tenant_id)
-            wanted.setdefault(key, []).extend((entity, target, r) for r in refs.values())
-        out: dict[str, list[PointRecord]] = {}
-        for (collection, tenant), items in wanted.items():
-            ids = [ref.point_id for _, _, ref in items]
-            stored = {p.point_id: p for p in self._store.retrieve(collection, ids, tenant, True)}
-            for entity, target, ref in items:
-                point = stored.get(ref.point_id)
-                if point is None or point.dense is None:
-                    raise StoreUnavailableError(f"point {ref.point_id} vanished during refresh")
-                payload = {**point.payload, **self._entity_fields(entity, target, indexed_at)}
-                out.setdefault(collection, []).append(
-                    PointRecord(
-                        point_id=ref.point_id,
-                        dense=point.dense,
-                        sparse=point.sparse,
-                        payload={k: v for k, v in payload.items() if v is not None},
-                    )
-                )
-        return out
+            fields = self._entity_fields(entity, target, indexed_at)
+            values = {k: v for k, v in fields.items() if v is not None}
+            unset = [k for k, v in fields.items() if v is None]
+            ids = [ref.point_id for ref in refs.values()]
+            self._store.update_payload(target.collection, ids, values, unset=unset)
 
     def _event_date(self, entity: Entity) -> str | None:
         if self._event_date_field is None:

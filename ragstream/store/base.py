@@ -306,6 +306,13 @@ def split_engine_vectors(vector: Any) -> tuple[NDArray[np.float32] | None, Spars
     return dense, sparse
 
 
+def check_payload_update(values: Mapping[str, Any], unset: Sequence[str]) -> None:
+    """Refuse payload updates that would move a point to another tenant, entity or chunk."""
+    frozen = {TENANT_ID, ENTITY_ID, CHUNK_ID} & (set(values) | set(unset))
+    if frozen:
+        raise StoreError(f"payload fields {sorted(frozen)} cannot be updated in place")
+
+
 def check_tenant(hits: Sequence[ScoredHit] | Sequence[StoredPoint], tenant_id: str) -> None:
     """Defence in depth: raise StoreError if any hit belongs to another tenant.
 
@@ -350,6 +357,18 @@ class VectorStore(Protocol):
 
     def delete_by_entity(self, name: str, tenant_id: str, entity_id: str) -> None:
         """Delete every point of one entity of one tenant (waits)."""
+        ...
+
+    def update_payload(
+        self,
+        name: str,
+        ids: Sequence[str],
+        values: Mapping[str, Any],
+        unset: Sequence[str] = (),
+        wait: bool = True,
+    ) -> None:
+        """Set `values` and remove the `unset` keys on the payload of every point in `ids`
+        (vectors untouched). The tenant, entity and chunk ids cannot be changed this way."""
         ...
 
     def entity_chunks(self, name: str, tenant_id: str, entity_id: str) -> dict[str, ChunkRef]:

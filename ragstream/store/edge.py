@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,6 +50,7 @@ from ragstream.store.base import (
     SparseVector,
     StoredPoint,
     StoreFilter,
+    check_payload_update,
     check_tenant,
     chunk_manifest,
     datetime_bounds,
@@ -322,6 +323,23 @@ class EdgeStore:
         """Delete points by id."""
         if ids:
             self._write(name, qe.UpdateOperation.delete_points(list(ids)))
+
+    def update_payload(
+        self,
+        name: str,
+        ids: Sequence[str],
+        values: Mapping[str, Any],
+        unset: Sequence[str] = (),
+        wait: bool = True,
+    ) -> None:
+        """Set and remove payload keys of the given points (vectors untouched)."""
+        check_payload_update(values, unset)
+        if not ids:
+            return
+        if values:
+            self._write(name, qe.UpdateOperation.set_payload(list(ids), dict(values)))
+        if unset:
+            self._write(name, qe.UpdateOperation.delete_payload(list(ids), list(unset)))
 
     def delete_by_entity(self, name: str, tenant_id: str, entity_id: str) -> None:
         """Delete every point of one entity of one tenant."""

@@ -43,6 +43,7 @@ from ragstream.store.base import (
     SparseVector,
     StoredPoint,
     StoreFilter,
+    check_payload_update,
     check_tenant,
     chunk_manifest,
     datetime_bounds,
@@ -322,6 +323,30 @@ class QdrantRemoteStore:
             f"delete {name}",
             lambda: self._client.delete(name, points_selector=selector, wait=wait),
         )
+
+    def update_payload(
+        self,
+        name: str,
+        ids: Sequence[str],
+        values: Mapping[str, Any],
+        unset: Sequence[str] = (),
+        wait: bool = True,
+    ) -> None:
+        """Set and remove payload keys of the given points (vectors untouched)."""
+        check_payload_update(values, unset)
+        if not ids:
+            return
+        points = models.PointIdsList(points=list(ids))
+        if values:
+            _vendor(
+                f"set payload {name}",
+                lambda: self._client.set_payload(name, dict(values), points=points, wait=wait),
+            )
+        if unset:
+            _vendor(
+                f"delete payload {name}",
+                lambda: self._client.delete_payload(name, list(unset), points=points, wait=wait),
+            )
 
     def delete_by_entity(self, name: str, tenant_id: str, entity_id: str) -> None:
         """Delete every point of one entity of one tenant (waits)."""

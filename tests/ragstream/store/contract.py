@@ -189,6 +189,28 @@ class VectorStoreContract:
         points = loaded.retrieve(COLLECTION, [ACME[0].point_id], "acme")
         assert [p.payload["revision"] for p in points] == [2]
 
+    def test_update_payload_sets_and_unsets_keys_and_keeps_vectors(
+        self, loaded: VectorStore
+    ) -> None:
+        ids = [ACME[0].point_id, ACME[1].point_id]
+        before = {p.point_id: p for p in loaded.retrieve(COLLECTION, ids, "acme", True)}
+        loaded.update_payload(
+            COLLECTION, ids, {"revision": 7, "title": "new"}, unset=["sor_version"]
+        )
+        after = {p.point_id: p for p in loaded.retrieve(COLLECTION, ids, "acme", True)}
+        for pid in ids:
+            assert after[pid].payload["revision"] == 7 and after[pid].payload["title"] == "new"
+            assert "sor_version" not in after[pid].payload
+            assert after[pid].payload["tenant_id"] == "acme"
+            new_dense, old_dense = after[pid].dense, before[pid].dense
+            assert new_dense is not None and old_dense is not None
+            assert np.allclose(new_dense, old_dense)
+            assert after[pid].sparse == before[pid].sparse
+        untouched = loaded.retrieve(COLLECTION, [ACME[2].point_id], "acme")[0]
+        assert "revision" not in untouched.payload or untouched.payload["revision"] != 7
+        with pytest.raises(StoreError, match="cannot be updated in place"):
+            loaded.update_payload(COLLECTION, ids, {"tenant_id": "globex"})
+
     def test_delete_points_by_id(self, loaded: VectorStore) -> None:
         gone = [ACME[0].point_id, ACME[1].point_id]
         loaded.delete_points(COLLECTION, gone)
