@@ -185,6 +185,39 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return code
 
 
+def _cmd_reconcile(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from ragstream.errors import ConfigError
+    from ragstream.settings import IngestSettings
+    from streams.app import build_worker
+    from streams.reconcile import reconcile
+
+    worker = build_worker(IngestSettings(), CollectorRegistry())
+    try:
+        if worker.sor is None:
+            raise ConfigError("reconcile reads the system of record: set RAGSTREAM_SOR__KIND")
+        sor, store, registry = worker.sor, worker.store, worker.registry
+        report = reconcile(
+            args.tenant,
+            sor=sor,
+            store=store,
+            registry=registry,
+            handler=worker.handler,
+            repair=args.repair,
+        )
+        doc = report.to_dict()
+        remaining = report.drift
+        if args.repair and report.drift:
+            after = reconcile(args.tenant, sor=sor, store=store, registry=registry)
+            doc["after_repair"] = after.to_dict()
+            remaining = after.drift
+        _print_json(doc)
+    finally:
+        worker.close()
+    return 0 if remaining == 0 else 1
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
     from ragstream.dev import DevPorts, run_dev
 
@@ -298,6 +331,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", type=Path, default=None, help="write JSON + HTML report here")
     p.add_argument("--json", type=Path, default=None, help="write the full JSON here")
     p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser(
+        "reconcile", help="compare a tenant's SoR with its index; exit 1 while drift remains"
+    )
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--repair", action="store_true", help="fix drift through the write path")
+    p.set_defaults(func=_cmd_reconcile)
 
     p = sub.add_parser("dev", help="run the whole system on its embedded defaults")
     p.add_argument("--data-dir", type=Path, default=Path("data"), help="state directory")

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from ragstream.embedders.base import Embedder, Vectors
 from ragstream.errors import (
     ChunkingError,
+    ConfigError,
     DecodeError,
     MappingError,
     RecordTooLargeError,
@@ -39,7 +40,7 @@ from ragstream.store.base import (
 )
 from ragstream.store.ids import point_id
 from schemas.entities import Chunk, Entity, EntityVersion
-from schemas.events import ChangeEvent, RawRecord
+from schemas.events import ChangeEvent, RawRecord, RecordPosition
 from streams.consumer import DeadLetter
 from streams.metrics import IngestMetrics
 from streams.plan import Action, Plan
@@ -198,6 +199,20 @@ class IngestHandler:
             if item.plan.source_ts_ms is not None:
                 self._metrics.freshness.observe(max(0.0, now - item.plan.source_ts_ms / 1000))
         return letters
+
+    def reread(self, tenant_id: str, entity_ids: Sequence[str], reason: str) -> None:
+        """Re-read entities from the SoR and apply what it says now (upsert, or delete when the
+        row is gone): the write path of reindex requests and of `ragstream reconcile --repair`.
+        Raises when no SoR reader is configured."""
+        if self._rows is None:
+            raise ConfigError("re-reading entities needs a system of record (RAGSTREAM_SOR__KIND)")
+        work = []
+        for n, entity_id in enumerate(dict.fromkeys(entity_ids)):
+            where = RecordPosition(f"reread:{reason}", 0, n)
+            plan = Plan(Action.REFETCH, reason, where, tenant_id=tenant_id, entity_id=entity_id)
+            work.append(_Work(plan, []))
+        letters: list[DeadLetter] = []
+        self._apply(work, letters)
 
     # --- decode, plan, reduce ---------------------------------------------------------------
 
