@@ -74,8 +74,12 @@ class ReconcileMetrics:
 
     def record(self, report: ReconcileReport) -> None:
         """Export a report's counts."""
+        self.record_all([report])
+
+    def record_all(self, reports: Sequence[ReconcileReport]) -> None:
+        """Export the counts of one run over several tenants (summed per kind)."""
         for kind in DRIFT_KINDS:
-            self.drift.labels(kind).set(len(getattr(report, kind)))
+            self.drift.labels(kind).set(sum(len(getattr(r, kind)) for r in reports))
         self.last_run.set(time.time())
 
 
@@ -88,9 +92,13 @@ def reconcile(
     handler: IngestHandler | None = None,
     repair: bool = False,
     batch: int = 1000,
+    version: int | None = None,
 ) -> ReconcileReport:
-    """Compare the tenant's SoR rows with its active index; repair through `handler`."""
-    version = registry.active_version(tenant)
+    """Compare the tenant's SoR rows with an index version (default: the active one); repair
+    through `handler`, which must write to that version (the worker's handler writes to the
+    active and building versions; the reindex job's handler to the version it builds)."""
+    if version is None:
+        version = registry.active_version(tenant)
     if version is None:
         index = ""
         indexed: dict[str, tuple[set[str], set[str | None], set[object]]] = {}
@@ -118,8 +126,7 @@ def reconcile(
         if found is None:
             report.missing.append(entity_id)
             continue
-        chunks, hashes, counts = found
-        if hashes != {digest} or counts != {len(chunks)}:
+        if _state(*found) != digest:
             report.stale.append(entity_id)
     report.extra = [e for e in indexed if e not in sor_hashes]
     if repair and report.drift:
@@ -140,7 +147,9 @@ def _indexed(
     """entity -> (chunk ids, source hashes, declared chunk counts), and the points scanned."""
     out: dict[str, tuple[set[str], set[str | None], set[object]]] = {}
     points = 0
-    for point in store.scroll(index, StoreFilter(tenant_id=tenant), batch=batch):
+    # Only the keys compared here: chunk texts and the rest are never converted to Python.
+    fields = (ENTITY_ID, CHUNK_ID, SOURCE_HASH, CHUNK_COUNT)
+    for point in store.scroll(index, StoreFilter(tenant_id=tenant), batch=batch, fields=fields):
         points += 1
         p = point.payload
         chunks, hashes, counts = out.setdefault(str(p[ENTITY_ID]), (set(), set(), set()))
@@ -148,3 +157,23 @@ def _indexed(
         hashes.add(p.get(SOURCE_HASH))
         counts.add(p.get(CHUNK_COUNT))
     return out, points
+
+
+#: The state of an entity whose chunk set is incomplete or mixes content versions.
+INCONSISTENT = "<inconsistent>"
+
+
+def _state(chunks: set[str], hashes: set[str | None], counts: set[object]) -> str:
+    """The content hash of a complete, single-version chunk set, else INCONSISTENT."""
+    if len(hashes) == 1 and counts == {len(chunks)}:
+        (digest,) = hashes
+        if digest is not None:
+            return digest
+    return INCONSISTENT
+
+
+def entity_states(store: VectorStore, index: str, tenant: str, batch: int = 1000) -> dict[str, str]:
+    """entity -> the content hash its chunks were made from (INCONSISTENT when its chunk set is
+    partial or mixed), for every entity of the tenant in `index`: one payload-selected scroll."""
+    indexed, _ = _indexed(store, index, tenant, batch)
+    return {entity_id: _state(*found) for entity_id, found in indexed.items()}

@@ -313,6 +313,21 @@ def check_payload_update(values: Mapping[str, Any], unset: Sequence[str]) -> Non
         raise StoreError(f"payload fields {sorted(frozen)} cannot be updated in place")
 
 
+def payload_selection(fields: Sequence[str] | None) -> list[str] | None:
+    """The payload keys a read with `fields` asks the engine for: None (the whole payload), or
+    the keys in order without duplicates, with `tenant_id` added when missing so that
+    `check_tenant` still sees every point's tenant. ValueError on a bare string or empty key."""
+    if fields is None:
+        return None
+    if isinstance(fields, str):
+        raise ValueError(f"fields must be a sequence of payload keys, not the string {fields!r}")
+    keys = list(fields)
+    for key in keys:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"payload field names must be non-empty strings, got {key!r}")
+    return list(dict.fromkeys((*keys, TENANT_ID)))
+
+
 def check_tenant(hits: Sequence[ScoredHit] | Sequence[StoredPoint], tenant_id: str) -> None:
     """Defence in depth: raise StoreError if any hit belongs to another tenant.
 
@@ -417,9 +432,21 @@ class VectorStore(Protocol):
         ...
 
     def scroll(
-        self, name: str, filter: StoreFilter, batch: int = 256, with_vectors: bool = False
+        self,
+        name: str,
+        filter: StoreFilter,
+        batch: int = 256,
+        with_vectors: bool = False,
+        *,
+        fields: Sequence[str] | None = None,
     ) -> Iterator[StoredPoint]:
-        """Every matching point, fetched `batch` at a time, ordered by point id."""
+        """Every matching point, fetched `batch` at a time, ordered by point id.
+
+        `fields` selects the payload: None returns the whole payload, otherwise only these
+        top-level payload keys (absent ones are simply missing) plus `tenant_id`, which is
+        always read so the tenant of every point can still be checked. Scans that need a few
+        keys (reconcile) so avoid transferring the texts and converting them to Python objects.
+        """
         ...
 
     def optimize(self, name: str) -> bool:

@@ -55,6 +55,7 @@ from ragstream.store.base import (
     chunk_manifest,
     datetime_bounds,
     numeric_bounds,
+    payload_selection,
     split_engine_vectors,
 )
 from ragstream.store.ids import validate_collection_name, validate_tenant
@@ -502,11 +503,22 @@ class EdgeStore:
         return _vendor(f"count {name}", lambda: handle.shard.count(request))
 
     def scroll(
-        self, name: str, filter: StoreFilter, batch: int = 256, with_vectors: bool = False
+        self,
+        name: str,
+        filter: StoreFilter,
+        batch: int = 256,
+        with_vectors: bool = False,
+        *,
+        fields: Sequence[str] | None = None,
     ) -> Iterator[StoredPoint]:
-        """Every matching point, `batch` at a time, ordered by point id."""
+        """Every matching point, `batch` at a time, ordered by point id; `fields` selects the
+        payload keys (None: the whole payload; `tenant_id` is always included)."""
         if batch <= 0:
             raise ValueError(f"batch must be > 0, got {batch}")
+        keys = payload_selection(fields)
+        with_payload: bool | qe.PayloadSelector = (
+            True if keys is None else qe.PayloadSelector.Include(keys)
+        )
         condition = self._filter(filter)
         handle = self._open(name)
         offset: Any = None
@@ -515,7 +527,7 @@ class EdgeStore:
                 offset=offset,
                 limit=batch,
                 filter=condition,
-                with_payload=True,
+                with_payload=with_payload,
                 with_vector=bool(with_vectors),
             )
             records, offset = _vendor(f"scroll {name}", lambda r=request: handle.shard.scroll(r))  # type: ignore[misc]

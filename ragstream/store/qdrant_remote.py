@@ -48,6 +48,7 @@ from ragstream.store.base import (
     chunk_manifest,
     datetime_bounds,
     numeric_bounds,
+    payload_selection,
     split_engine_vectors,
 )
 from ragstream.store.ids import validate_collection_name, validate_tenant
@@ -533,11 +534,20 @@ class QdrantRemoteStore:
         return int(result.count)
 
     def scroll(
-        self, name: str, filter: StoreFilter, batch: int = 256, with_vectors: bool = False
+        self,
+        name: str,
+        filter: StoreFilter,
+        batch: int = 256,
+        with_vectors: bool = False,
+        *,
+        fields: Sequence[str] | None = None,
     ) -> Iterator[StoredPoint]:
-        """Every matching point, `batch` at a time, ordered by point id."""
+        """Every matching point, `batch` at a time, ordered by point id; `fields` selects the
+        payload keys (None: the whole payload; `tenant_id` is always included)."""
         if batch <= 0:
             raise ValueError(f"batch must be > 0, got {batch}")
+        keys = payload_selection(fields)
+        with_payload: bool | list[str] = True if keys is None else keys
         condition = self._filter(filter)
         offset: Any = None
         while True:
@@ -548,7 +558,7 @@ class QdrantRemoteStore:
                     scroll_filter=condition,
                     limit=batch,
                     offset=o,
-                    with_payload=True,
+                    with_payload=with_payload,
                     with_vectors=with_vectors,
                 ),
             )

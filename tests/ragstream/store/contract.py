@@ -418,6 +418,57 @@ class VectorStoreContract:
         assert set(seen) == {p.point_id for p in points}
         assert seen == sorted(seen, key=uuid.UUID)
 
+    def test_scroll_returns_only_the_selected_payload_fields(self, loaded: VectorStore) -> None:
+        fields = ("chunk_id", "source_hash", "not_a_field")
+        points = list(loaded.scroll(COLLECTION, acme(), batch=2, fields=fields))
+        assert {p.point_id for p in points} == ids_of(ACME)
+        by_id = {d.point_id: record(d).payload for d in ACME}
+        for point in points:
+            # The selected keys the point has, plus tenant_id (always read for the tenant check).
+            assert set(point.payload) == {"chunk_id", "source_hash", "tenant_id"}
+            full = by_id[point.point_id]
+            assert point.payload == {k: full[k] for k in ("chunk_id", "source_hash", "tenant_id")}
+            assert point.dense is None and point.sparse is None
+
+    def test_scroll_selection_keeps_vectors_on_request(self, loaded: VectorStore) -> None:
+        points = list(loaded.scroll(COLLECTION, acme(), fields=("chunk_id",), with_vectors=True))
+        assert len(points) == len(ACME)
+        for point in points:
+            assert set(point.payload) == {"chunk_id", "tenant_id"}
+            assert point.dense is not None and point.dense.shape == (DIM,)
+
+    def test_scroll_returns_the_whole_payload_without_a_selection(
+        self, loaded: VectorStore
+    ) -> None:
+        expected = {d.point_id: dict(record(d).payload) for d in ACME}
+        explicit = list(loaded.scroll(COLLECTION, acme(), fields=None))
+        default = list(loaded.scroll(COLLECTION, acme()))
+        assert {p.point_id: dict(p.payload) for p in explicit} == expected
+        assert {p.point_id: dict(p.payload) for p in default} == expected
+
+    def test_scroll_selection_without_tenant_still_checks_the_tenant(
+        self, loaded: VectorStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        selected = list(loaded.scroll(COLLECTION, acme(entity_ids=("e3",)), fields=("chunk_id",)))
+        assert [p.payload for p in selected] == [{"chunk_id": "e3:chunk:0", "tenant_id": "acme"}]
+        # Simulate a lost tenant condition: the adapter's engine filter now selects globex's
+        # points while the request is acme's. The adapter must refuse them even though the
+        # caller's selection did not name tenant_id.
+        engine_filter = getattr(loaded, "_filter", None)
+        if engine_filter is None:
+            pytest.skip("the adapter builds no engine filter through `_filter`")
+        monkeypatch.setattr(
+            loaded, "_filter", lambda _: engine_filter(StoreFilter(tenant_id="globex"))
+        )
+        with pytest.raises(StoreError, match="tenant isolation"):
+            list(loaded.scroll(COLLECTION, acme(), fields=("chunk_id", "source_hash")))
+
+    def test_scroll_refuses_a_bare_string_selection(self, loaded: VectorStore) -> None:
+        with pytest.raises(ValueError, match="sequence of payload keys"):
+            list(loaded.scroll(COLLECTION, acme(), fields="chunk_id"))
+        with pytest.raises(ValueError, match="non-empty"):
+            list(loaded.scroll(COLLECTION, acme(), fields=("chunk_id", "")))
+
     def test_persists_across_reopen(self, store_factory: StoreFactory) -> None:
         first = store_factory()
         first.ensure_collection(COLLECTION, DIM)
