@@ -84,6 +84,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from ragstream.bench import embedder
 
         _print_json(embedder.run(n=args.n, batch_size=args.batch_size))
+    elif args.target == "reconcile":
+        from ragstream.bench import reconcile
+
+        return reconcile.main(["--points", str(args.points)])
     return 0
 
 
@@ -218,6 +222,120 @@ def _cmd_reconcile(args: argparse.Namespace) -> int:
     return 0 if remaining == 0 else 1
 
 
+def _cmd_reindex(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from ragstream.errors import ConfigError
+    from ragstream.eval.parity import ParitySettings
+    from ragstream.reindex import ReindexOptions, reindex, retriever_search
+    from ragstream.settings import IngestSettings
+    from ragstream.sparse import Bm25Encoder
+    from retrieval_api.metrics import RetrieveMetrics
+    from retrieval_api.service import Retriever
+    from retrieval_api.settings import RetrieveSettings
+    from streams.app import build_worker
+    from streams.prepare import Preparer
+
+    settings = IngestSettings()
+    worker = build_worker(settings, CollectorRegistry())
+    try:
+        if worker.sor is None:
+            raise ConfigError("reindex reads the system of record: set RAGSTREAM_SOR__KIND")
+        models = worker.models
+        embedder = models.primary if args.model is None else models.get(args.model)
+        if embedder is None:
+            raise ConfigError(
+                f"model {args.model!r} is not configured (configured: "
+                f"{', '.join(models.versions())}); set RAGSTREAM_NEXT_EMBEDDER__* to the new "
+                f"model here and on the ingest workers and Retrieve"
+            )
+        config = RetrieveSettings().retrieval
+        sparse = Bm25Encoder()
+        retriever = Retriever(
+            config=config,
+            embedder=models.primary,
+            other_embedders=list(models)[1:],
+            sparse=sparse,
+            store=worker.store,
+            registry=worker.registry,
+            sor=worker.sor,
+            metrics=RetrieveMetrics(CollectorRegistry()),
+        )
+        parity = ParitySettings(
+            tolerance=args.tolerance, sample=args.parity_sample, top_k=args.parity_top_k
+        )
+        options = ReindexOptions(
+            parity=parity,
+            parity_queries=args.parity_queries,
+            force=args.force,
+            switch=not args.no_switch,
+            grace_s=args.grace_s,
+            retire=not args.no_retire,
+            drop_retired=args.drop_retired,
+            settle_s=args.settle_s,
+        )
+        report = reindex(
+            args.tenant,
+            embedder=embedder,
+            preparer=Preparer(embedder.spec, settings.chunking),
+            handler=worker.handler,
+            registry=worker.registry,
+            store=worker.store,
+            sor=worker.sor,
+            sparse_encoder=sparse.model_version,
+            search=None if args.skip_parity else retriever_search(retriever, parity.top_k),
+            options=options,
+            progress=lambda line: print(f"reindex: {line}", file=sys.stderr, flush=True),
+        )
+        _print_json(report.to_dict())
+    finally:
+        worker.close()
+    return {"switched": 0, "built": 0, "parity_failed": 3, "drift": 4}[report.outcome]
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    from ragstream.settings import IngestSettings
+    from ragstream.store.base import StoreFilter
+    from ragstream.wiring import build_registry, build_store, payload_schema
+
+    settings = IngestSettings()
+    store = build_store(settings.store, payload_schema(settings.plan))
+    try:
+        registry = build_registry(settings.store, store)
+        if args.action == "activate":
+            registry.activate(args.tenant, _version(args))
+        elif args.action == "retire":
+            retired = registry.retire(args.tenant, _version(args))
+            if args.drop:
+                store.drop_collection(retired.index_name)
+        active = registry.active_version(args.tenant)
+        rows = []
+        for manifest in registry.list_versions(args.tenant):
+            live = store.collection_exists(manifest.index_name)
+            points = (
+                store.count(manifest.index_name, StoreFilter(tenant_id=args.tenant))
+                if live
+                else None
+            )
+            rows.append(
+                {
+                    **manifest.model_dump(mode="json"),
+                    "active": manifest.version == active,
+                    "points": points,
+                }
+            )
+        _print_json({"tenant": args.tenant, "active": active, "versions": rows})
+    finally:
+        store.close()
+    return 0
+
+
+def _version(args: argparse.Namespace) -> int:
+    if args.version is None:
+        raise RagstreamError(f"`ragstream index {args.action}` needs --version")
+    return int(args.version)
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
     from ragstream.dev import DevPorts, run_dev
 
@@ -288,8 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_chunk_preview)
 
     p = sub.add_parser("bench", help="benchmarks (JSON output)")
-    p.add_argument("target", choices=["store", "embedder", "ingest", "retrieve"])
-    p.add_argument("--points", type=int, default=100_000, help="retrieve: indexed chunks")
+    p.add_argument("target", choices=["store", "embedder", "ingest", "retrieve", "reconcile"])
+    p.add_argument("--points", type=int, default=100_000, help="retrieve/reconcile: chunks")
     p.add_argument("--concurrency", default="1,8", help="retrieve: client concurrency levels")
     p.add_argument("--entities", type=int, default=300, help="ingest: cold-ingest entities")
     p.add_argument("--cached-entities", type=int, default=5000, help="ingest: cached phase")
@@ -338,6 +456,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant", required=True)
     p.add_argument("--repair", action="store_true", help="fix drift through the write path")
     p.set_defaults(func=_cmd_reconcile)
+
+    p = sub.add_parser(
+        "reindex",
+        help="build a new index version from the SoR, gate it on parity, switch, retire the old",
+    )
+    p.add_argument("--tenant", required=True)
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model to build with: the name or name@version of RAGSTREAM_EMBEDDER (default) "
+        "or RAGSTREAM_NEXT_EMBEDDER",
+    )
+    p.add_argument("--tolerance", type=float, default=0.02, help="largest allowed metric drop")
+    p.add_argument("--parity-queries", type=Path, default=None, help="JSON list of EvalQuery")
+    p.add_argument("--parity-sample", type=int, default=200, help="known-item queries")
+    p.add_argument("--parity-top-k", type=int, default=10)
+    p.add_argument("--skip-parity", action="store_true", help="no gate at all")
+    p.add_argument("--force", action="store_true", help="switch even if the parity gate fails")
+    p.add_argument("--no-switch", action="store_true", help="build and gate only")
+    p.add_argument("--grace-s", type=float, default=600.0, help="before retiring the old one")
+    p.add_argument("--no-retire", action="store_true", help="keep the old version readable")
+    p.add_argument("--drop-retired", action="store_true", help="delete the retired collection")
+    p.add_argument("--settle-s", type=float, default=3.0, help="wait for workers to see it")
+    p.set_defaults(func=_cmd_reindex)
+
+    p = sub.add_parser("index", help="list, activate (roll back) or retire index versions")
+    p.add_argument("action", choices=["list", "activate", "retire"])
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--version", type=int, default=None, help="activate/retire: version number")
+    p.add_argument("--drop", action="store_true", help="retire: also delete its collection")
+    p.set_defaults(func=_cmd_index)
 
     p = sub.add_parser("dev", help="run the whole system on its embedded defaults")
     p.add_argument("--data-dir", type=Path, default=Path("data"), help="state directory")

@@ -36,7 +36,7 @@ from ragstream.kafka_config import KafkaSettings
 from ragstream.query import QueryError, print_pack, query
 from ragstream.sample import sample_documents
 from ragstream.services.tansu import TansuBroker
-from ragstream.settings import IngestSettings, SorSettings, StoreSettings
+from ragstream.settings import IngestSettings, ReconcileSettings, SorSettings, StoreSettings
 from ragstream.sor.embedded import EmbeddedSor
 from ragstream.store.edge import EdgeStore
 from retrieval_api.app import build_app
@@ -157,6 +157,7 @@ def _run(
             store=store_settings,
             sor=sor_settings,
             embedding_cache=None,
+            reconcile=ReconcileSettings(interval_s=600.0),
         ),
         registry,
         store=store,
@@ -180,6 +181,7 @@ def _run(
     )
     start_http_server(ports.metrics, "127.0.0.1", registry=registry)
     worker_thread: threading.Thread | None = None
+    reconcile_thread: threading.Thread | None = None
     try:
         worker.check()
         worker.loop.start()
@@ -187,6 +189,10 @@ def _run(
             target=worker.loop.run, args=(worker.stop,), name="ingest", daemon=True
         )
         worker_thread.start()
+        reconcile_thread = threading.Thread(
+            target=worker.reconcile_forever, name="reconcile", daemon=True
+        )
+        reconcile_thread.start()
         total = sor.snapshot()
         print(f"published a snapshot of {total} rows to {sor.topic}", flush=True)
         _wait_indexed(registry, total)
@@ -205,8 +211,9 @@ def _run(
         asyncio.run(_serve(app, tokens, ports, started, data_dir))
     finally:
         worker.stop.set()
-        if worker_thread is not None:
-            worker_thread.join(30)
+        for thread in (worker_thread, reconcile_thread):
+            if thread is not None:
+                thread.join(30)
         app.close()
         sor.close()
         embedder.close()

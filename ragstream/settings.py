@@ -64,6 +64,19 @@ class DecodeSettings(BaseModel):
     max_record_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
 
 
+class ReconcileSettings(BaseModel):
+    """The worker's scheduled reconciliation (needs a SoR; see `streams.reconcile`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    interval_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="Seconds between runs (first run after one interval); 0 = off.",
+    )
+    repair: bool = Field(default=True, description="Re-read drifted entities from the SoR.")
+
+
 class IngestSettings(BaseSettings):
     """Everything the ingest worker (`ragstream ingest`) reads from its environment."""
 
@@ -77,10 +90,18 @@ class IngestSettings(BaseSettings):
     plan: PlanConfig = Field(default_factory=PlanConfig)
     chunking: ChunkingSettings = Field(default_factory=ChunkingSettings)
     embedder: EmbedderSettings = Field(default_factory=LocalEmbedderConfig)
+    next_embedder: EmbedderSettings | None = Field(
+        default=None,
+        description=(
+            "During a model change: the model `ragstream reindex --model` builds with; the "
+            "worker also writes live changes to versions built with it."
+        ),
+    )
     embedding_cache: EmbeddingCacheConfig | None = Field(
         default_factory=lambda: EmbeddingCacheConfig(path=Path("data/embedding-cache.sqlite"))
     )
     store: StoreSettings = Field(default_factory=StoreSettings)
     sor: SorSettings = Field(default_factory=SorSettings)
+    reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(default=9464, ge=0, le=65535)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -30,6 +31,8 @@ from schemas.entities import Entity
 from streams.ingest import TargetIndex
 from streams.mapping import TableMapping
 from streams.plan import ContentHasher, Plan, PlanConfig
+
+log = logging.getLogger(__name__)
 
 
 def payload_schema(plan: PlanConfig) -> PayloadSchema:
@@ -87,31 +90,39 @@ def build_ingest_embedder(settings: IngestSettings, registry: CollectorRegistry)
 class RegistryTargets:
     """`streams.ingest.IndexTargets` over the index registry.
 
-    A tenant's writes go to its active version and to every version being built with the same
-    embedder (blue-green reindex keeps both current). A tenant seen for the first time gets
-    version 1, created, marked ready and activated at once: a live-built index has no batch
-    build to wait for. Resolutions are cached briefly to keep registry reads off the hot path.
+    A tenant's writes go to its active version and to every other version that is not retired
+    and was built with one of the embedders this worker holds: the version a reindex builds
+    (also across a model change when the worker holds the next model), and after a switch the
+    previous version while its grace period lasts, so pinned readers and a rollback see current
+    data. Each target names its model. A tenant
+    seen for the first time gets version 1, created, marked ready and activated at once: a
+    live-built index has no batch build to wait for. Resolutions are cached briefly to keep
+    registry reads off the hot path.
     """
 
     def __init__(
         self,
         registry: IndexRegistry,
-        spec: EmbeddingSpec,
+        specs: Sequence[EmbeddingSpec],
         sparse: Bm25Encoder,
         store: VectorStore,
         *,
         ttl_s: float = 2.0,
     ) -> None:
+        if not specs:
+            raise ValueError("RegistryTargets needs at least one embedding spec")
         self._registry = registry
         self._store = store
-        self._spec = spec
+        self._specs = tuple(specs)
+        self._spec = specs[0]
         self._sparse_version = sparse.model_version
         self._ttl = ttl_s
         self._cache: dict[str, tuple[float, list[TargetIndex]]] = {}
+        self._warned: set[str] = set()
         self._lock = threading.Lock()
 
     def write_targets(self, tenant_id: str) -> Sequence[TargetIndex]:
-        """The tenant's active version (created on first sight) and matching building ones."""
+        """The tenant's active version (created on first sight) and its other live versions."""
         now = time.monotonic()
         with self._lock:
             cached = self._cache.get(tenant_id)
@@ -130,19 +141,44 @@ class RegistryTargets:
         targets: list[TargetIndex] = []
         for manifest in manifests:
             is_active = manifest.version == active
-            if not is_active and manifest.status != "building":
+            if manifest.status == "retired":
                 continue
-            try:
-                check_manifest(manifest, self._spec, self._sparse_version)
-            except ManifestMismatchError:
+            spec = self._matching(manifest)
+            if spec is None:
+                held = ", ".join(s.model_version for s in self._specs)
                 if is_active:
-                    raise  # never write this model's vectors into another model's index
-                continue  # a version being built with another model is its builder's job
+                    # never write another model's vectors into this index
+                    raise ManifestMismatchError(
+                        f"{manifest.index_name} (active) was built with "
+                        f"{manifest.embedding_model_version} (dimension {manifest.dimension}, "
+                        f"sparse encoder {manifest.sparse_encoder}); this worker holds {held} "
+                        f"with sparse encoder {self._sparse_version}"
+                    )
+                if manifest.index_name not in self._warned:
+                    self._warned.add(manifest.index_name)
+                    log.warning(
+                        "%s is being built with %s but this worker holds %s: its live changes "
+                        "reach it only through the reindex job's catch-up pass (configure "
+                        "RAGSTREAM_NEXT_EMBEDDER on the workers to dual-write)",
+                        manifest.index_name,
+                        manifest.embedding_model_version,
+                        held,
+                    )
+                continue
             # A crash between writing a manifest and creating its collection leaves the
             # manifest alone; creating the collection here (idempotent) heals that.
             self._store.ensure_collection(manifest.index_name, manifest.dimension, sparse=True)
-            targets.append(TargetIndex(manifest.index_name, manifest.version))
+            targets.append(TargetIndex(manifest.index_name, manifest.version, spec.model_version))
         return targets
+
+    def _matching(self, manifest: IndexManifest) -> EmbeddingSpec | None:
+        for spec in self._specs:
+            try:
+                check_manifest(manifest, spec, self._sparse_version)
+            except ManifestMismatchError:
+                continue
+            return spec
+        return None
 
     def _bootstrap(self, tenant_id: str, manifests: Sequence[IndexManifest]) -> int:
         """Give a tenant without an active version one, resuming an interrupted bootstrap.

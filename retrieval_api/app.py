@@ -57,6 +57,7 @@ def build_app(
     embedder: Embedder | None = None,
     sor: SystemOfRecord | None = None,
     publisher: Publisher | None = None,
+    next_embedder: Embedder | None = None,
 ) -> RetrieveApp:
     """Wire the server from settings; parts may be injected (embedded stack, tests)."""
     rerank = settings.retrieval.rerank_enabled
@@ -66,6 +67,9 @@ def build_app(
             "RAGSTREAM_RERANKER__KIND (http | onnx)"
         )
     own_embedder = embedder or build_embedder(settings.embedder)
+    own_next = next_embedder
+    if own_next is None and settings.next_embedder is not None:
+        own_next = build_embedder(settings.next_embedder)
     mapping = settings.plan.mapping_for(None)
     preparer = Preparer(own_embedder.spec, settings.chunking)
     own_sor = sor or build_sor(settings.sor, mapping, preparer.content_hash)
@@ -96,11 +100,14 @@ def build_app(
         audit_key=key,
         reranker=own_reranker,
         attribute_fields=tuple(settings.retrieval.keyword_filter_fields),
+        other_embedders=[own_next] if own_next is not None else [],
     )
 
     def health_check() -> None:
         """Raise when the embedder, the store, the SoR (or an enabled reranker) is unusable."""
         own_embedder.check()
+        if own_next is not None:
+            own_next.check()
         index_registry.list_tenants()
         own_sor.check()
         if own_reranker is not None:
@@ -119,6 +126,7 @@ def build_app(
         for part, injected in (
             (own_publisher, publisher),
             (own_embedder, embedder),
+            (own_next, next_embedder),
             (own_sor, sor),
             (own_store, store),
             (own_reranker, None),

@@ -17,6 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ragstream.embedders.base import Embedder
+from ragstream.embedders.models import EmbeddingModels
 from ragstream.errors import RagstreamError
 from ragstream.fusion import FusedHit, fuse
 from ragstream.publish import Publisher
@@ -79,12 +80,15 @@ class Retriever:
         audit_key: bytes | None = None,
         reranker: Reranker | None = None,
         attribute_fields: Sequence[str] = (),
+        other_embedders: Sequence[Embedder] = (),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
+        """`embedder` is the primary model; `other_embedders` (e.g. the next model during a
+        model change) let versions built with them be searched too."""
         if config.rerank_enabled and reranker is None:
             raise RagstreamError("retrieval.rerank_enabled is set but no reranker is configured")
         self.config = config
-        self._embedder = embedder
+        self._models = EmbeddingModels(embedder, other_embedders)
         self._sparse = sparse
         self._store = store
         self._registry = registry
@@ -98,11 +102,12 @@ class Retriever:
         self._attribute_fields = tuple(attribute_fields)
         self._clock = clock
 
-    def resolve(self, tenant: str, version: int | None) -> ResolvedIndex:
-        """The index to search; INDEX_NOT_FOUND / MANIFEST_MISMATCH as typed errors."""
-        return self._registry.open_version(
-            tenant, version, self._embedder.spec, sparse_encoder=self._sparse.model_version
-        )
+    def resolve(self, tenant: str, version: int | None) -> tuple[ResolvedIndex, Embedder]:
+        """The index to search and the embedder its manifest names; INDEX_NOT_FOUND /
+        MANIFEST_MISMATCH as typed errors. The active version is read per request, so a switch
+        takes effect at once and each request sees one version only."""
+        index = self._registry.lookup(tenant, version)
+        return index, self._models.for_manifest(index.manifest, self._sparse.model_version)
 
     def retrieve(self, request: ValidatedRequest, deadline: float | None = None) -> pb.EvidencePack:
         """The evidence pack of one request; `deadline` is a `time.monotonic()` instant."""
@@ -112,21 +117,23 @@ class Retriever:
         stage = _Stages(timings, self._metrics, deadline)
 
         with stage("resolve"):
-            index = self.resolve(request.tenant, request.index_version)
+            index, embedder = self.resolve(request.tenant, request.index_version)
         with stage("embed"):
-            query_vector = self._embedder.embed_query(request.query)
+            query_vector = embedder.embed_query(request.query)
         with stage("search"):
             fused = self._search(index.collection, request, query_vector)
         self._metrics.candidates.observe(len(fused))
         with stage("rerank"):
             rerank_scores = self._rerank(request.query, fused) if self._reranker else None
         with stage("rank"):
+            cosines = self._cosines_of_sparse_only(
+                index.collection, request.tenant, fused, query_vector
+            )
+            # a sparse-only hit whose point is gone by the time its vector is read was deleted
+            # by a concurrent write: it is no evidence any more (found by the live-reindex test)
+            fused = [h for h in fused if h.dense_score is not None or h.point_id in cosines]
             candidates = calibrate(
-                fused,
-                similarity_for_sparse_only=self._cosines_of_sparse_only(
-                    index.collection, request.tenant, fused, query_vector
-                ),
-                rerank_scores=rerank_scores,
+                fused, similarity_for_sparse_only=cosines, rerank_scores=rerank_scores
             )
             score_kind = ScoreKind.RERANK if rerank_scores is not None else ScoreKind.COSINE
             ranking = rank(

@@ -87,6 +87,13 @@ class RetrieveSettings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     embedder: EmbedderSettings = Field(default_factory=LocalEmbedderConfig)
+    next_embedder: EmbedderSettings | None = Field(
+        default=None,
+        description=(
+            "During a model change: the other model, so versions built with either can be "
+            "searched (the active one and versions pinned by callers)."
+        ),
+    )
     reranker: RerankerSettings | None = Field(
         default=None, description="Used when retrieval.rerank_enabled is set (required then)."
     )

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from ragstream.embedders import build_embedder
 from ragstream.embedders.base import Embedder
-from ragstream.errors import ConfigError
+from ragstream.embedders.models import EmbeddingModels
+from ragstream.errors import ConfigError, RagstreamError
 from ragstream.settings import IngestSettings
 from ragstream.sor.base import SystemOfRecord
 from ragstream.sparse import Bm25Encoder
@@ -35,6 +37,7 @@ from streams.ingest import IngestHandler
 from streams.metrics import IngestMetrics
 from streams.plan import Plan, plan_event
 from streams.prepare import Preparer
+from streams.reconcile import ReconcileMetrics, ReconcileReport, reconcile
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +52,19 @@ class IngestWorker:
     store: VectorStore
     registry: IndexRegistry
     embedder: Embedder
+    models: EmbeddingModels
     targets: RegistryTargets
     metrics: IngestMetrics
+    reconcile_metrics: ReconcileMetrics
     sor: SystemOfRecord | None = None
     stop: threading.Event = field(default_factory=threading.Event)
     #: what `build_worker` created (injected parts belong to their owner and stay open)
     owned: tuple[Embedder | VectorStore | SystemOfRecord, ...] = ()
 
     def check(self) -> None:
-        """Fail fast: embedder usable, every tenant's active index matches this embedder."""
-        self.embedder.check()
+        """Fail fast: embedders usable, every tenant's active index built with one of them."""
+        for embedder in self.models:
+            embedder.check()
         for tenant in self.registry.list_tenants():
             if self.registry.active_version(tenant) is not None:
                 self.targets.write_targets(tenant)  # raises ManifestMismatchError
@@ -66,13 +72,69 @@ class IngestWorker:
             self.sor.check()
 
     def run(self) -> None:
-        """Check, connect, consume until stopped, then release everything."""
+        """Check, connect, consume until stopped (reconciling on schedule), then release."""
+        scheduled: threading.Thread | None = None
         try:
             self.check()
             self.loop.start()
+            if self.sor is not None and self.settings.reconcile.interval_s > 0:
+                scheduled = threading.Thread(
+                    target=self.reconcile_forever, name="reconcile", daemon=True
+                )
+                scheduled.start()
             self.loop.run(self.stop)
         finally:
+            self.stop.set()
+            if scheduled is not None:
+                scheduled.join()
             self.close()
+
+    def reconcile_once(self) -> list[ReconcileReport]:
+        """Reconcile every tenant with an active index (repairing per settings) and export
+        the drift totals as `ragstream_reconcile_*` gauges."""
+        if self.sor is None:
+            raise ConfigError("reconciliation reads the system of record: set RAGSTREAM_SOR__KIND")
+        reports = []
+        for tenant in self.registry.list_tenants():
+            if self.stop.is_set():
+                break
+            if self.registry.active_version(tenant) is None:
+                continue
+            report = reconcile(
+                tenant,
+                sor=self.sor,
+                store=self.store,
+                registry=self.registry,
+                handler=self.handler,
+                repair=self.settings.reconcile.repair,
+            )
+            log.info(
+                "reconcile %s: %d missing, %d extra, %d stale of %d SoR entities "
+                "(index %.2f s, SoR %.2f s, %d repaired)",
+                tenant,
+                len(report.missing),
+                len(report.extra),
+                len(report.stale),
+                report.sor_entities,
+                report.index_seconds,
+                report.sor_seconds,
+                report.repaired,
+            )
+            reports.append(report)
+        self.reconcile_metrics.record_all(reports)
+        return reports
+
+    def reconcile_forever(self) -> None:
+        """`reconcile_once` every `reconcile.interval_s` until stopped. A failed run is logged
+        with its error and retried at the next interval (the last-run gauge shows the gap)."""
+        while not self.stop.wait(self.settings.reconcile.interval_s):
+            try:
+                self.reconcile_once()
+            except RagstreamError:
+                log.exception(
+                    "scheduled reconciliation failed; next try in %.0f s",
+                    self.settings.reconcile.interval_s,
+                )
 
     def close(self) -> None:
         """Release what the worker created."""
@@ -86,8 +148,10 @@ def build_worker(
     *,
     store: VectorStore | None = None,
     embedder: Embedder | None = None,
+    next_embedder: Embedder | None = None,
 ) -> IngestWorker:
-    """Wire a worker from settings; `store`/`embedder` may be injected (embedded stack, tests)."""
+    """Wire a worker from settings; `store`, `embedder` and `next_embedder` may be injected
+    (embedded stack, tests)."""
     metrics = IngestMetrics(registry)
     injected = (embedder, store)
     own_embedder = embedder or build_ingest_embedder(settings, registry)
@@ -96,11 +160,18 @@ def build_worker(
     owned: list[Embedder | VectorStore | SystemOfRecord] = []
     if embedder is None:
         owned.append(own_embedder)
+    other = next_embedder
+    if other is None and settings.next_embedder is not None:
+        # uncached: the cache's metrics belong to the primary model (one registration), and a
+        # model being rolled out has no cached vectors worth sharing yet
+        other = build_embedder(settings.next_embedder)
+        owned.append(other)
+    models = EmbeddingModels(own_embedder, [other] if other is not None else [])
     if injected[1] is None:
         owned.append(store)
     index_registry = build_registry(settings.store, store)
     sparse = Bm25Encoder()
-    targets = RegistryTargets(index_registry, own_embedder.spec, sparse, store)
+    targets = RegistryTargets(index_registry, [e.spec for e in models], sparse, store)
     mapping = settings.plan.mapping_for(None)
     sor = build_sor(settings.sor, mapping, preparer.content_hash)
     options = DecodeOptions(
@@ -128,6 +199,7 @@ def build_worker(
         keyword_fields=mapping.keyword_fields,
         event_date_field=mapping.event_date_field,
         reindex_topic=settings.consumer.reindex_topic,
+        other_models=[(e, Preparer(e.spec, settings.chunking)) for e in list(models)[1:]],
     )
     loop = ConsumerLoop(settings.kafka, settings.consumer, handler, metrics)
     return IngestWorker(
@@ -137,8 +209,10 @@ def build_worker(
         store=store,
         registry=index_registry,
         embedder=own_embedder,
+        models=models,
         targets=targets,
         metrics=metrics,
+        reconcile_metrics=ReconcileMetrics(registry),
         sor=sor,
         owned=(*owned, *([sor] if sor is not None else [])),
     )

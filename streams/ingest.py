@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,9 @@ class TargetIndex:
 
     collection: str
     version: int
+    #: the embedding model (`EmbeddingSpec.model_version`) its vectors come from; None means
+    #: the handler's primary embedder
+    model_version: str | None = None
 
 
 class IndexTargets(Protocol):
@@ -100,6 +104,15 @@ class RowSource(Protocol):
 
 Decoder = Callable[[RawRecord], ChangeEvent]
 Planner = Callable[[ChangeEvent], Plan]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """An entity read from the SoR that cannot be indexed (e.g. its content cannot be chunked)."""
+
+    entity_id: str
+    code: str
+    reason: str
 
 
 @dataclass(slots=True)
@@ -171,12 +184,19 @@ class IngestHandler:
         keyword_fields: Sequence[str] = (),
         event_date_field: str | None = None,
         reindex_topic: str | None = None,
+        other_models: Sequence[tuple[Embedder, EntityPreparer]] = (),
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`embedder`/`preparer` are the primary model; `other_models` are further models
+        (embedder and its preparer) that targets may name, e.g. the next model during a
+        blue-green model change."""
         self._decode = decode
         self._plan = plan
         self._preparer = preparer
         self._embedder = embedder
+        self._models: dict[str, tuple[Embedder, EntityPreparer]] = {
+            e.spec.model_version: (e, p) for e, p in [(embedder, preparer), *other_models]
+        }
         self._sparse = sparse
         self._store = store
         self._targets = targets
@@ -186,6 +206,10 @@ class IngestHandler:
         self._event_date_field = event_date_field
         self._reindex_topic = reindex_topic
         self._clock = clock
+        self._rejections: list[Rejection] = []
+        # the consumer loop and the scheduled reconciliation share one handler: writes of
+        # one handler never interleave
+        self._lock = threading.Lock()
 
     # --- BatchHandler -----------------------------------------------------------------------
 
@@ -193,17 +217,18 @@ class IngestHandler:
         """Apply a batch; return the records that belong in the DLQ."""
         letters: list[DeadLetter] = []
         work = self._plan_batch(records, letters)
-        applied = self._apply(work, letters)
+        with self._lock:
+            applied = self._apply(work, letters)
         now = self._clock()
         for item in applied:
             if item.plan.source_ts_ms is not None:
                 self._metrics.freshness.observe(max(0.0, now - item.plan.source_ts_ms / 1000))
         return letters
 
-    def reread(self, tenant_id: str, entity_ids: Sequence[str], reason: str) -> None:
+    def reread(self, tenant_id: str, entity_ids: Sequence[str], reason: str) -> list[Rejection]:
         """Re-read entities from the SoR and apply what it says now (upsert, or delete when the
         row is gone): the write path of reindex requests and of `ragstream reconcile --repair`.
-        Raises when no SoR reader is configured."""
+        Returns the entities that could not be indexed. Raises when no SoR is configured."""
         if self._rows is None:
             raise ConfigError("re-reading entities needs a system of record (RAGSTREAM_SOR__KIND)")
         work = []
@@ -211,8 +236,52 @@ class IngestHandler:
             where = RecordPosition(f"reread:{reason}", 0, n)
             plan = Plan(Action.REFETCH, reason, where, tenant_id=tenant_id, entity_id=entity_id)
             work.append(_Work(plan, []))
-        letters: list[DeadLetter] = []
-        self._apply(work, letters)
+        with self._lock:
+            self._rejections = []
+            self._apply(work, [])
+            return self._rejections
+
+    def upsert_entities(self, entities: Sequence[Entity], reason: str) -> list[Rejection]:
+        """Write entities read from the SoR (a reindex snapshot) through the normal write path:
+        version ordering, unchanged-content skips, one embedding call per model. Returns the
+        entities that could not be indexed (logged too: a snapshot has no record to DLQ)."""
+        work = []
+        for n, entity in enumerate(entities):
+            where = RecordPosition(f"snapshot:{reason}", 0, n)
+            plan = Plan(
+                Action.UPSERT,
+                reason,
+                where,
+                tenant_id=entity.tenant_id,
+                entity_id=entity.entity_id,
+                version=entity.version,
+                entity=entity,
+            )
+            work.append(_Work(plan, []))
+        with self._lock:
+            self._rejections = []
+            self._apply(work, [])
+            return self._rejections
+
+    def for_targets(
+        self, targets: IndexTargets, embedder: Embedder, preparer: EntityPreparer
+    ) -> IngestHandler:
+        """A handler with this one's decoding, planning, SoR reader and metrics that writes to
+        `targets` with `embedder`: the writer of a reindex job (only the version it builds)."""
+        return IngestHandler(
+            decode=self._decode,
+            plan=self._plan,
+            preparer=preparer,
+            embedder=embedder,
+            sparse=self._sparse,
+            store=self._store,
+            targets=targets,
+            metrics=self._metrics,
+            rows=self._rows,
+            keyword_fields=self._keyword_fields,
+            event_date_field=self._event_date_field,
+            clock=self._clock,
+        )
 
     # --- decode, plan, reduce ---------------------------------------------------------------
 
@@ -364,14 +433,14 @@ class IngestHandler:
     ) -> list[_Work]:
         """Chunk, embed (one call for the whole batch) and write every entity to upsert."""
         pending: list[tuple[_Work, Entity, TargetIndex, dict[str, ChunkRef], list[Chunk]]] = []
-        texts: list[str] = []
+        texts: dict[str, list[str]] = {}  # per embedding model: one embedding call each
         applied: list[_Work] = []
         manifests = self._manifests([entity for _, entity in upserts])
         refresh: list[tuple[Entity, TargetIndex, dict[str, ChunkRef]]] = []
         refreshed_items: list[_Work] = []
         for item, entity in upserts:
             targets = self._targets.write_targets(entity.tenant_id)
-            chunks: list[Chunk] | None = None
+            chunked: dict[str, list[Chunk] | None] = {}  # per model (tokenizer and budget)
             outcome: str | None = None
             for target in targets:
                 refs = manifests.get((target.collection, entity.entity_id), {})
@@ -387,12 +456,15 @@ class IngestHandler:
                     refreshed_items.append(item)
                     outcome = "write"
                     continue
+                embedder, preparer = self._model(target)
+                model = embedder.spec.model_version
+                if model not in chunked:
+                    chunked[model] = self._chunk(item, entity, letters, preparer)
+                chunks = chunked[model]
                 if chunks is None:
-                    chunks = self._chunk(item, entity, letters)
-                    if chunks is None:
-                        break
+                    break
                 pending.append((item, entity, target, refs, chunks))
-                texts.extend(c.text for c in chunks)
+                texts.setdefault(model, []).extend(c.text for c in chunks)
                 outcome = "write"
             if outcome == "stale":
                 self._metrics.skipped_older.inc()
@@ -400,26 +472,31 @@ class IngestHandler:
                 self._count_all(item, outcome)
         if not pending and not refresh:
             return applied
-        vectors = self._embed(texts) if texts else None
+        vectors = {
+            model: self._embed(self._models[model][0], batch)
+            for model, batch in texts.items()
+            if batch
+        }
+        offsets = dict.fromkeys(vectors, 0)
         started = time.perf_counter()
-        offset = 0
         obsolete: dict[str, list[str]] = {}
         indexed_at = _rfc3339(datetime.now(UTC))
         self._refresh(refresh, indexed_at)
         by_collection: dict[str, list[PointRecord]] = {}
         for _item, entity, target, refs, chunks in pending:
             points = []
+            model = self._model(target)[0].spec.model_version
             for chunk in chunks:
                 point = self._point(
                     entity,
                     chunk=chunk,
                     target=target,
-                    vector=vectors[offset] if vectors is not None else None,
+                    vector=vectors[model][offsets[model]],
                     indexed_at=indexed_at,
                     chunk_count=len(chunks),
                 )
                 points.append(point)
-                offset += 1
+                offsets[model] += 1
             by_collection.setdefault(target.collection, []).extend(points)
             keep = {c.chunk_id for c in chunks}
             gone = [ref.point_id for cid, ref in refs.items() if cid not in keep]
@@ -489,22 +566,44 @@ class IngestHandler:
                 return False
         return True
 
-    def _chunk(self, item: _Work, entity: Entity, letters: list[DeadLetter]) -> list[Chunk] | None:
+    def _model(self, target: TargetIndex) -> tuple[Embedder, EntityPreparer]:
+        """The embedder and preparer of the model a target's vectors come from."""
+        if target.model_version is None:
+            return self._embedder, self._preparer
+        found = self._models.get(target.model_version)
+        if found is None:
+            raise ConfigError(
+                f"{target.collection} is built with {target.model_version}, which this worker "
+                f"does not hold (it holds {', '.join(self._models)})"
+            )
+        return found
+
+    def _chunk(
+        self, item: _Work, entity: Entity, letters: list[DeadLetter], preparer: EntityPreparer
+    ) -> list[Chunk] | None:
         started = time.perf_counter()
         try:
-            chunks = self._preparer.chunks(entity)
+            chunks = preparer.chunks(entity)
         except (ChunkingError, MappingError) as exc:
             for rec in item.records:
                 letters.append(DeadLetter(rec, exc.code, str(exc), "chunk"))
+            if not item.records:  # read from the SoR (snapshot, re-read): no record to DLQ
+                log.warning("cannot index %s: %s %s", entity.entity_id, exc.code, exc)
+                self._rejections.append(Rejection(entity.entity_id, exc.code, str(exc)))
             self._count_all(item, "dlq")
             return None
         finally:
             self._metrics.stage_seconds.labels("chunk").observe(time.perf_counter() - started)
+        if not chunks and not item.records:
+            # nothing to index (no text after normalization); reported, not an error
+            self._rejections.append(
+                Rejection(entity.entity_id, "EMPTY_CONTENT", "no text after normalization")
+            )
         return chunks
 
-    def _embed(self, texts: list[str]) -> Vectors:
+    def _embed(self, embedder: Embedder, texts: list[str]) -> Vectors:
         started = time.perf_counter()
-        vectors = self._embedder.embed_documents(texts)
+        vectors = embedder.embed_documents(texts)
         self._metrics.embedding_calls.inc()
         self._metrics.stage_seconds.labels("embed").observe(time.perf_counter() - started)
         return vectors
@@ -514,7 +613,7 @@ class IngestHandler:
     ) -> dict[str, Any]:
         """The payload fields that come from the entity row and may change in place (identity
         fields — tenant, entity, chunk — are set only when a point is written)."""
-        spec = self._embedder.spec
+        spec = self._model(target)[0].spec
         fields: dict[str, Any] = {
             SOURCE_HASH: entity.content_hash,
             ENTITY_TYPE: entity.entity_type,

@@ -153,6 +153,10 @@ class _NoVerification:
         """Not part of Retrieve: no entities."""
         return iter(())
 
+    def count(self, tenant_id: str) -> int:
+        """Not part of Retrieve: no entities."""
+        return 0
+
     def check(self) -> None:
         """Always healthy."""
 

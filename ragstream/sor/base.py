@@ -47,6 +47,10 @@ class SystemOfRecord(Protocol):
         """Every live entity of the tenant, in id order, `batch` rows per round trip."""
         ...
 
+    def count(self, tenant_id: str) -> int:
+        """How many live entities the tenant has (progress of a reindex)."""
+        ...
+
     def check(self) -> None:
         """Raise when the SoR is unreachable (health checks, startup)."""
         ...
@@ -98,6 +102,14 @@ class SqlShape:
         if with_tenant:
             where += f" AND {quote_ident(m.tenant_column)} = {self.ph}"
         return f"SELECT {self.select_list} FROM {self.table} WHERE {where}"
+
+    def count_live(self) -> str:
+        """SELECT the number of a tenant's live rows (column `n`)."""
+        m = self.mapping
+        where = f"{quote_ident(m.tenant_column)} = {self.ph}"
+        if m.deleted_at_column is not None:
+            where += f" AND {quote_ident(m.deleted_at_column)} IS NULL"
+        return f"SELECT COUNT(*) AS n FROM {self.table} WHERE {where}"
 
     def scan_page(self, with_cursor: bool) -> str:
         """One keyset page of a tenant's live rows, ordered by id."""

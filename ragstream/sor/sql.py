@@ -66,6 +66,11 @@ class _SqlReader:
             out[entity.entity_id] = entity
         return out
 
+    def count(self, tenant_id: str) -> int:
+        """The tenant's live rows."""
+        rows = self._query(self.shape.count_live(), [tenant_id])
+        return int(rows[0]["n"])
+
     def scan(self, tenant_id: str, batch: int = 500) -> Iterator[Entity]:
         """Keyset-paginated scan of a tenant's live rows."""
         cursor: str | None = None

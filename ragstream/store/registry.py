@@ -81,7 +81,7 @@ class IndexManifest(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class ResolvedIndex:
-    """An index version a reader may use: its collection and its verified manifest."""
+    """An index version that exists and is not retired: its collection and manifest."""
 
     tenant: str
     version: int
@@ -238,19 +238,12 @@ class IndexRegistry(ABC):
             self._rewrite(retired)
             return retired
 
-    def open_version(
-        self,
-        tenant: str,
-        version: int | None,
-        spec: EmbeddingSpec,
-        *,
-        sparse_encoder: str | None = None,
-    ) -> ResolvedIndex:
-        """Resolve `version` (None: the active one) and check its manifest against `spec`.
+    def lookup(self, tenant: str, version: int | None) -> ResolvedIndex:
+        """Resolve `version` (None: the active one) without checking who may read it.
 
         IndexNotFoundError: unknown tenant or version, no active version, or a retired version.
-        ManifestMismatchError: model version, dimension, metric, normalization (or the sparse
-        encoder, when given) differ; the message names both sides.
+        Callers check the manifest against their embedder (`open_version`, or
+        `EmbeddingModels.for_manifest` when a process holds several models).
         """
         validate_tenant(tenant)
         active = self._active(tenant)
@@ -263,8 +256,25 @@ class IndexRegistry(ABC):
             raise IndexNotFoundError(f"tenant {tenant!r} has no index version {version}")
         if manifest.status == "retired":
             raise IndexNotFoundError(f"{manifest.index_name} is retired")
-        check_manifest(manifest, spec, sparse_encoder)
         return ResolvedIndex(tenant, version, manifest.index_name, manifest, version == active)
+
+    def open_version(
+        self,
+        tenant: str,
+        version: int | None,
+        spec: EmbeddingSpec,
+        *,
+        sparse_encoder: str | None = None,
+    ) -> ResolvedIndex:
+        """Resolve `version` (None: the active one) and check its manifest against `spec`.
+
+        IndexNotFoundError: as `lookup`.
+        ManifestMismatchError: model version, dimension, metric, normalization (or the sparse
+        encoder, when given) differ; the message names both sides.
+        """
+        resolved = self.lookup(tenant, version)
+        check_manifest(resolved.manifest, spec, sparse_encoder)
+        return resolved
 
 
 # --- embedded: JSON files ----------------------------------------------------------------------

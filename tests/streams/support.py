@@ -45,13 +45,13 @@ HASH_SPEC = EmbeddingSpec(
 _WORD = re.compile(r"\w+")
 
 
-def hash_vectors(texts: Sequence[str]) -> Vectors:
+def hash_vectors(texts: Sequence[str], dim: int = DIM) -> Vectors:
     """Deterministic unit vectors: hashed word counts (texts sharing words are similar)."""
-    out = np.zeros((len(texts), DIM), dtype=np.float32)
+    out = np.zeros((len(texts), dim), dtype=np.float32)
     for row, text in enumerate(texts):
         for word in _WORD.findall(text.lower()) or ["<empty>"]:
             digest = hashlib.blake2b(word.encode(), digest_size=4).digest()
-            out[row, int.from_bytes(digest, "little") % DIM] += 1.0
+            out[row, int.from_bytes(digest, "little") % dim] += 1.0
     return l2_normalize(out)
 
 
@@ -73,10 +73,10 @@ class HashEmbedder:
             raise self.fail_with
         self.calls += 1
         self.texts += len(texts)
-        return hash_vectors(texts)
+        return hash_vectors(texts, self._spec.dimension)
 
     def embed_query(self, text: str) -> Vectors:
-        vector: Vectors = hash_vectors([text])[0]
+        vector: Vectors = hash_vectors([text], self._spec.dimension)[0]
         return vector
 
     def check(self) -> None:

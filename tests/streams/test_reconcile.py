@@ -5,6 +5,8 @@ found exactly, and `--repair` fixes it through the normal write path."""
 from __future__ import annotations
 
 import random
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,3 +127,35 @@ def test_injected_drift_is_reported_exactly_and_repaired_through_the_write_path(
     assert "ent-3" not in snapshot and len(snapshot["ent-4"]) == len(refs)
     only_2 = StoreFilter(tenant_id="acme", entity_ids=("ent-2",))
     assert [p.payload["text"] for p in store.scroll(index, only_2)] == ["Changed without an event."]
+
+
+def test_the_worker_reconciles_on_schedule_repairs_and_exports_the_drift(env: Env) -> None:
+    rng = random.Random(6)
+    for n in range(4):
+        env.put(f"ent-{n}", content(rng, 3))
+    worker = env.worker
+    index = worker.registry.manifest("acme", 1).index_name
+    env.store.delete_by_entity(index, "acme", "ent-0")
+    env.sql("DELETE FROM entities WHERE id = 'ent-3'")
+    gauge = worker.reconcile_metrics.drift.labels
+
+    (report,) = worker.reconcile_once()
+    assert (report.missing, report.extra, report.repaired) == (["ent-0"], ["ent-3"], 2)
+    assert gauge("missing")._value.get() == 1 and gauge("extra")._value.get() == 1
+
+    # the scheduled loop: runs after each interval until the worker stops
+    fast = worker.settings.model_copy(
+        update={"reconcile": worker.settings.reconcile.model_copy(update={"interval_s": 0.2})}
+    )
+    worker.settings = fast
+    thread = threading.Thread(target=worker.reconcile_forever, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while gauge("missing")._value.get() != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    worker.stop.set()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert gauge("missing")._value.get() == 0 and gauge("extra")._value.get() == 0
+    assert worker.sor is not None
+    assert reconcile("acme", sor=worker.sor, store=env.store, registry=worker.registry).drift == 0
