@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import sqlite3
 import threading
 import time
 import uuid
@@ -43,6 +44,9 @@ from ragstream.sor.debezium_format import change_event, encode_key, encode_value
 from ragstream.sparse import Bm25Encoder
 from ragstream.store.base import StoreFilter
 from ragstream.store.edge import EdgeStore
+from ragstream.store.qdrant_remote import QdrantRemoteStore
+from ragstream.store.registry import QdrantIndexRegistry
+from ragstream.wiring import payload_schema
 from retrieval_api.config import RetrievalConfig
 from retrieval_api.metrics import RetrieveMetrics
 from retrieval_api.service import Retriever
@@ -52,6 +56,7 @@ from schemas.events import Op
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from streams.app import IngestWorker, build_worker
 from streams.consumer import ConsumerConfig
+from streams.plan import PlanConfig
 from streams.prepare import Preparer
 from tests.conftest import REPO_ROOT
 from tests.streams.support import (
@@ -485,3 +490,79 @@ def test_an_interrupted_reindex_resumes_its_version(stack_factory: Any) -> None:
     assert index_snapshot(stack.store, stack.worker.registry, [TENANT])[TENANT] == expected_index(
         stack.sor, V2
     )
+
+
+def test_reindex_on_the_qdrant_server_registry_swaps_the_alias(tmp_path: Path) -> None:
+    """The same job against qdrant-client (local mode implements the server API): the active
+    pointer is the alias `rag__acme`, manifests live in collection metadata."""
+    sor_path = tmp_path / "sor.sqlite"
+    conn = sqlite3.connect(sor_path)
+    rng = random.Random(21)
+    with conn:
+        conn.executescript((REPO_ROOT / "schemas" / "sql" / "entities.sqlite.sql").read_text())
+        for n in range(30):
+            conn.execute(
+                "INSERT INTO entities (id, company_id, content, created_at, updated_at) "
+                "VALUES (?, ?, ?, '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z')",
+                (f"doc-{n:03d}", TENANT, content(rng, rng.randint(2, 8))),
+            )
+    conn.close()
+    store = QdrantRemoteStore.local(schema=payload_schema(PlanConfig()))
+    settings = IngestSettings(
+        kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),  # never contacted
+        sor=SorSettings(kind="sqlite", sqlite_path=sor_path, table="entities"),
+        embedding_cache=None,
+    )
+    worker = build_worker(
+        settings,
+        CollectorRegistry(),
+        store=store,
+        embedder=HashEmbedder(V1),
+        next_embedder=HashEmbedder(V2),
+    )
+    try:
+        assert isinstance(worker.registry, QdrantIndexRegistry) and worker.sor is not None
+        retriever = Retriever(
+            config=RetrievalConfig(),
+            embedder=HashEmbedder(V1),
+            other_embedders=[HashEmbedder(V2)],
+            sparse=Bm25Encoder(),
+            store=store,
+            registry=worker.registry,
+            sor=worker.sor,
+            metrics=RetrieveMetrics(CollectorRegistry()),
+        )
+        reports = []
+        for model in worker.models:
+            reports.append(
+                reindex(
+                    TENANT,
+                    embedder=model,
+                    preparer=Preparer(model.spec),
+                    handler=worker.handler,
+                    registry=worker.registry,
+                    store=store,
+                    sor=worker.sor,
+                    sparse_encoder=Bm25Encoder().model_version,
+                    search=retriever_search(retriever, 10),
+                    options=ReindexOptions(
+                        settle_s=0, grace_s=0, parity=ParitySettings(tolerance=0.15)
+                    ),
+                )
+            )
+        assert [(r.outcome, r.new_version) for r in reports] == [("switched", 1), ("switched", 2)]
+        assert reports[1].parity is not None and reports[1].parity["queries"] == 30
+        assert store.alias_target("rag__acme") == "rag__acme__v2"
+        assert worker.registry.manifest(TENANT, 1).status == "retired"
+        assert index_snapshot(store, worker.registry, [TENANT])[TENANT] == expected_index(
+            worker.sor, V2
+        )
+        request = pb.RetrieveRequest(query_text="refund invoice", top_k=3)
+        pack = retriever.retrieve(validate_request(request, retriever.config, TENANT))
+        assert (pack.index_name, pack.embedding_model_version) == (
+            "rag__acme__v2",
+            V2.model_version,
+        )
+    finally:
+        worker.close()
+        store.close()
