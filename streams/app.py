@@ -125,9 +125,15 @@ class IngestWorker:
         return reports
 
     def reconcile_forever(self) -> None:
-        """`reconcile_once` every `reconcile.interval_s` until stopped. A failed run is logged
-        with its error and retried at the next interval (the last-run gauge shows the gap)."""
+        """`reconcile_once` every `reconcile.interval_s` until stopped, on one member of the
+        consumer group only (`ConsumerLoop.is_designated`; every member when that cannot be
+        told). A failed run is logged with its error and retried at the next interval (the
+        last-run gauge shows the gap)."""
         while not self.stop.wait(self.settings.reconcile.interval_s):
+            if self.loop.is_designated() is False:
+                # replicas share the work: the holder of the first topic's partition 0 runs it
+                log.debug("scheduled reconciliation left to the designated group member")
+                continue
             try:
                 self.reconcile_once()
             except RagstreamError:

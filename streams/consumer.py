@@ -231,6 +231,17 @@ class ConsumerLoop:
             topics.append(self._config.reindex_topic)
         return topics
 
+    def is_designated(self) -> bool | None:
+        """Whether this member holds partition 0 of the first configured (non-pattern) topic,
+        which designates one member of the group for group-wide chores (the scheduled
+        reconciliation). None before `start` or when every topic is a pattern."""
+        if self._consumer is None:
+            return None
+        named = [t for t in self._config.topics if not t.startswith("^")]
+        if not named:
+            return None
+        return (named[0], 0) in self._assigned
+
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._assigned.update((p.topic, p.partition) for p in partitions)
         self._metrics.assigned_partitions.set(len(self._assigned))

@@ -340,11 +340,22 @@ def test_two_workers_share_partitions_and_a_rebalance_loses_nothing(
     second = env.start_worker()  # joins: partitions are rebalanced mid-stream
     last_b = env.produce(records[1000:])
     time.sleep(1.5)
+
+    def assigned(worker: IngestWorker) -> float:
+        return worker.metrics.registry.get_sample_value("ragstream_ingest_assigned_partitions") or 0
+
+    deadline = time.monotonic() + 30
+    while not (assigned(first) > 0 and assigned(second) > 0):
+        assert time.monotonic() < deadline, "the partitions were never shared"
+        time.sleep(0.2)
+    # exactly one member runs group-wide chores (the scheduled reconciliation)
+    assert {first.loop.is_designated(), second.loop.is_designated()} == {False, True}
     env.stop_worker(first)  # leaves: its partitions move to the second worker
     deadline = time.monotonic() + 60
     while second.metrics.registry.get_sample_value("ragstream_ingest_assigned_partitions") != 4:
         assert time.monotonic() < deadline, "the second worker never took over every partition"
         time.sleep(0.2)
+    assert second.loop.is_designated() is True
     last_c = env.produce(sor.random_stream(200, ["acme", "globex", "initech"], 150))
     lasts = (last_a, last_b, last_c)
     env.wait({p: max(last.get(p, -1) for last in lasts) for p in range(4)}, 90)
