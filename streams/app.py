@@ -231,15 +231,18 @@ def main() -> int:
     )
     settings = IngestSettings()
     registry = CollectorRegistry()
+    # installed first: a SIGTERM while the model loads still means a clean stop
+    stop = threading.Event()
+    install_signal_handlers(stop)
     try:
         worker = build_worker(settings, registry)
     except ConfigError as exc:
         log.error("cannot start: %s", exc)
         return 2
+    worker.stop = stop
     if settings.metrics_port:
         start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)
         log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
-    install_signal_handlers(worker.stop)
     try:
         worker.run()
     except ConfigError as exc:

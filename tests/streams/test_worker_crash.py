@@ -87,7 +87,8 @@ def test_worker_killed_at_random_points_converges_to_the_exact_expected_index(
     total = sum(off + 1 for off in last.values())
     group = f"crash-{topic}"
     rng = random.Random(99)
-    log = (tmp_path / "worker.log").open("ab")
+    log_path = tmp_path / "worker.log"
+    log = log_path.open("ab")
 
     def done() -> int:
         got = committed(kafka_broker.bootstrap_servers, group, topic, list(last))
@@ -110,9 +111,15 @@ def test_worker_killed_at_random_points_converges_to_the_exact_expected_index(
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
             progress.append(done())
-        # a final run to completion, then a graceful stop (SIGTERM)
+        # a final run to completion, then a graceful stop (SIGTERM) once it is consuming (a
+        # signal before the interpreter reached the worker's handlers would kill it outright)
+        started = log_path.read_text(errors="replace").count("consuming [")
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
+        while log_path.read_text(errors="replace").count("consuming [") == started:
+            assert time.monotonic() < deadline, "the final worker never started consuming"
+            assert proc.poll() is None, f"worker died (code {proc.returncode})"
+            time.sleep(0.2)
         while done() < total:
             assert time.monotonic() < deadline, f"not finished: {done()} of {total}"
             assert proc.poll() is None, f"worker died (code {proc.returncode})"
