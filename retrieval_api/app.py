@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -47,6 +50,32 @@ class RetrieveApp:
         """Release what the app created (after the server stopped)."""
         for resource in self.owned:
             resource.close()
+
+
+class _Throttled:
+    """Runs a costly check at most once per `interval_s` (it reads every tenant's manifest);
+    in between, repeats the last outcome (raises its error again)."""
+
+    def __init__(self, check: Callable[[], None], interval_s: float) -> None:
+        self._check = check
+        self._interval = interval_s
+        self._last: float | None = None
+        self._error: RagstreamError | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if self._last is None or now - self._last >= self._interval:
+                self._last = now
+                try:
+                    self._check()
+                except RagstreamError as exc:
+                    self._error = exc
+                else:
+                    self._error = None
+            if self._error is not None:
+                raise self._error
 
 
 def build_app(
@@ -103,8 +132,11 @@ def build_app(
         other_embedders=[own_next] if own_next is not None else [],
     )
 
+    model_check = _Throttled(retriever.check_models, settings.model_check_interval_s)
+
     def health_check() -> None:
-        """Raise when the embedder, the store, the SoR (or an enabled reranker) is unusable."""
+        """Raise when the embedder, the store, the SoR (or an enabled reranker) is unusable,
+        or when some tenant's active index needs a model this server does not hold."""
         own_embedder.check()
         if own_next is not None:
             own_next.check()
@@ -112,6 +144,7 @@ def build_app(
         own_sor.check()
         if own_reranker is not None:
             own_reranker.check()
+        model_check()
 
     server = RetrieveServer(
         settings.grpc,

@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 
 from ragstream.embedders.base import Embedder
 from ragstream.embedders.models import EmbeddingModels
-from ragstream.errors import RagstreamError
+from ragstream.errors import IndexNotFoundError, ManifestMismatchError, RagstreamError
 from ragstream.fusion import FusedHit, fuse
 from ragstream.publish import Publisher
 from ragstream.sor.base import SystemOfRecord
@@ -108,6 +108,29 @@ class Retriever:
         takes effect at once and each request sees one version only."""
         index = self._registry.lookup(tenant, version)
         return index, self._models.for_manifest(index.manifest, self._sparse.model_version)
+
+    def check_models(self) -> None:
+        """Raise ManifestMismatchError naming every tenant whose active index version was built
+        with a model this server does not hold (it could only answer MANIFEST_MISMATCH there):
+        part of the health check, so a server missing `RAGSTREAM_NEXT_EMBEDDER` after a model
+        switch is NOT_SERVING instead of failing that tenant's requests."""
+        missing = []
+        for tenant in self._registry.list_tenants():
+            try:
+                index = self._registry.lookup(tenant, None)
+            except IndexNotFoundError:
+                continue  # no active version yet: nothing to serve
+            try:
+                self._models.for_manifest(index.manifest, self._sparse.model_version)
+            except ManifestMismatchError:
+                missing.append(f"{tenant} ({index.manifest.embedding_model_version})")
+        if missing:
+            raise ManifestMismatchError(
+                f"no configured model can search the active index of {len(missing)} tenant(s): "
+                f"{', '.join(missing[:10])}; this server holds "
+                f"{', '.join(self._models.versions())} (set RAGSTREAM_EMBEDDER or "
+                f"RAGSTREAM_NEXT_EMBEDDER)"
+            )
 
     def retrieve(self, request: ValidatedRequest, deadline: float | None = None) -> pb.EvidencePack:
         """The evidence pack of one request; `deadline` is a `time.monotonic()` instant."""

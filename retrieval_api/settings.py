@@ -111,5 +111,11 @@ class RetrieveSettings(BaseSettings):
         default=None, description="Key for the audit query fingerprint (HMAC-SHA256)."
     )
     health_check_interval_s: float = Field(default=10.0, gt=0)
+    model_check_interval_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="How often the health check verifies that every tenant's active index "
+        "can be searched with a configured model (it reads every manifest).",
+    )
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(default=9465, ge=0, le=65535)
