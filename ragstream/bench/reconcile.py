@@ -35,7 +35,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import resource
 import shutil
 import sqlite3
@@ -48,13 +47,13 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from importlib.metadata import PackageNotFoundError, version
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from ragstream.bench.machine import machine_info
 from ragstream.embedders.spec import EmbeddingSpec
 from ragstream.errors import ConfigError
 from ragstream.resources import package_dir
@@ -77,7 +76,13 @@ from ragstream.store.ids import point_id
 from ragstream.store.registry import FileIndexRegistry
 from ragstream.wiring import payload_schema
 from schemas.entities import ContentFormat
-from streams.ingest import CHUNK_COUNT, VERSION_LSN, VERSION_SNAPSHOT, VERSION_UPDATED_AT
+from streams.ingest import (
+    CHUNK_COUNT,
+    VERSION_LSN,
+    VERSION_SNAPSHOT,
+    VERSION_UPDATED_AT,
+    rfc3339,
+)
 from streams.normalize import NormalizeOptions, content_sha256, normalize
 from streams.plan import PlanConfig
 from streams.reconcile import reconcile
@@ -206,10 +211,6 @@ class _Texts:
         return text, SparseVector.from_mapping(weights)
 
 
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 @dataclass
 class _Built:
     collection: str
@@ -285,7 +286,7 @@ def _build(
                         hash_checks += 1
                     clock += timedelta(seconds=7)
                     lsn += 16
-                    stamp = _rfc3339(clock)
+                    stamp = rfc3339(clock)
                     entity_type = ENTITY_TYPES[entities % len(ENTITY_TYPES)]
                     title = " ".join(chunks[0][0].split()[:6]).rstrip(".").capitalize()
                     vectors = rng.normal(size=(n_chunks, dim))
@@ -516,17 +517,6 @@ def _in_fresh_process(root: Path, name: str, **kwargs: Any) -> dict[str, Any]:
 # --- the run -----------------------------------------------------------------------------------
 
 
-def _versions() -> dict[str, str]:
-    out: dict[str, str] = {}
-    for package in ("qdrant-edge-py", "numpy", "pydantic"):
-        try:
-            out[package] = version(package)
-        except PackageNotFoundError:
-            out[package] = "not installed"
-    out["sqlite"] = sqlite3.sqlite_version
-    return out
-
-
 def run(
     points: int,
     *,
@@ -624,14 +614,12 @@ def run(
             "spawning parent's RSS at the fork. The data was written just before, so the OS "
             "page cache is warm (no cold-disk numbers)"
         ),
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_after": [round(x, 2) for x in load_after],
-            "packages": _versions(),
-        },
+        "machine": machine_info(
+            load_before,
+            load_after,
+            ("qdrant-edge-py", "numpy", "pydantic"),
+            {"sqlite": sqlite3.sqlite_version},
+        ),
         "data": {
             "points": points,
             "entities": built.entities,

@@ -37,7 +37,6 @@ import json
 import logging
 import math
 import os
-import platform
 import re
 import shutil
 import sqlite3
@@ -51,7 +50,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +59,7 @@ from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
 from ragstream.bench.ingest import prose_paragraphs
+from ragstream.bench.machine import machine_info
 from ragstream.embedders.base import Embedder
 from ragstream.embedders.local_onnx import MINILM_SPEC, LocalEmbedderConfig, LocalOnnxEmbedder
 from ragstream.errors import ConfigError
@@ -86,7 +85,13 @@ from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.entities import Entity
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
-from streams.ingest import CHUNK_COUNT, VERSION_LSN, VERSION_SNAPSHOT, VERSION_UPDATED_AT
+from streams.ingest import (
+    CHUNK_COUNT,
+    VERSION_LSN,
+    VERSION_SNAPSHOT,
+    VERSION_UPDATED_AT,
+    rfc3339,
+)
 from streams.plan import PlanConfig
 
 __all__ = ["GOAL_P95_MS", "run"]
@@ -212,10 +217,6 @@ def _questions(prose: _Prose, n: int, rng: np.random.Generator) -> list[str]:
     return out
 
 
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 @dataclass
 class _Built:
     """The index and SoR as built, with what the report needs."""
@@ -276,7 +277,7 @@ class _Builder:
         self.hashes[entity_id] = content_hash
         self.clock += timedelta(seconds=7)
         self.lsn += 16
-        updated = _rfc3339(self.clock)
+        updated = rfc3339(self.clock)
         entity_type = ENTITY_TYPES[number % len(ENTITY_TYPES)]
         title = " ".join(self.prose.sentences[start].split()[:8]).rstrip(".,;:")
         points = []
@@ -590,16 +591,6 @@ def _measure_variants(
 # --- the run ---------------------------------------------------------------------------------
 
 
-def _versions() -> dict[str, str]:
-    out: dict[str, str] = {}
-    for package in ("onnxruntime", "qdrant-edge-py", "grpcio"):
-        try:
-            out[package] = version(package)
-        except PackageNotFoundError:
-            out[package] = "not installed"
-    return out
-
-
 def run(
     *,
     points: int = 100_000,
@@ -685,14 +676,9 @@ def run(
             "variant order A B then B A. Client threads and the servers share this process "
             "(and its GIL)"
         ),
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_after": [round(x, 2) for x in load_after],
-            "packages": _versions(),
-        },
+        "machine": machine_info(
+            load_before, load_after, ("onnxruntime", "qdrant-edge-py", "grpcio")
+        ),
         "data": {
             "vectors": (
                 "synthetic (embedding 100k chunks with the local model takes ~1.5 h here): "

@@ -90,10 +90,10 @@ class ResolvedIndex:
     active: bool
 
 
-def check_manifest(
+def manifest_differences(
     manifest: IndexManifest, spec: EmbeddingSpec, sparse_encoder: str | None = None
-) -> None:
-    """Raise ManifestMismatchError when `manifest` was not built with `spec` (and encoder)."""
+) -> list[str]:
+    """How `manifest` differs from `spec` (and the sparse encoder, when given); [] = match."""
     expected: dict[str, tuple[object, object]] = {
         "embedding model version": (manifest.embedding_model_version, spec.model_version),
         "dimension": (manifest.dimension, spec.dimension),
@@ -102,11 +102,25 @@ def check_manifest(
     }
     if sparse_encoder is not None:
         expected["sparse encoder"] = (manifest.sparse_encoder, sparse_encoder)
-    diffs = [
+    return [
         f"{what}: index has {have!r}, embedder has {want!r}"
         for what, (have, want) in expected.items()
         if have != want
     ]
+
+
+def manifest_matches(
+    manifest: IndexManifest, spec: EmbeddingSpec, sparse_encoder: str | None = None
+) -> bool:
+    """True when `manifest` was built with `spec` (and the sparse encoder, when given)."""
+    return not manifest_differences(manifest, spec, sparse_encoder)
+
+
+def check_manifest(
+    manifest: IndexManifest, spec: EmbeddingSpec, sparse_encoder: str | None = None
+) -> None:
+    """Raise ManifestMismatchError when `manifest` was not built with `spec` (and encoder)."""
+    diffs = manifest_differences(manifest, spec, sparse_encoder)
     if diffs:
         raise ManifestMismatchError(
             f"index {manifest.index_name} (tenant {manifest.tenant!r}, v{manifest.version}) "

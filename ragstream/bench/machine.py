@@ -1,0 +1,37 @@
+"""What every benchmark report says about the machine it ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+
+def package_versions(packages: Sequence[str]) -> dict[str, str]:
+    """Installed version of each distribution ("not installed" when absent)."""
+    out: dict[str, str] = {}
+    for package in packages:
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "not installed"
+    return out
+
+
+def machine_info(
+    load_before: Sequence[float],
+    load_after: Sequence[float],
+    packages: Sequence[str],
+    extra_versions: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """CPU count, platform, Python, load averages around the run and package versions."""
+    return {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in load_after],
+        "packages": {**package_versions(packages), **(extra_versions or {})},
+    }
