@@ -10,7 +10,6 @@ import base64
 import json
 from datetime import UTC, datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,8 +40,9 @@ from streams.decode import (
     RecordTooLargeDecodeError,
     decode_record,
 )
+from tests.conftest import VECTORS as SHARED_VECTORS
 
-VECTORS = Path(__file__).resolve().parents[3] / ".." / "shared" / "vectors" / "debezium"
+VECTORS = SHARED_VECTORS / "debezium"
 TOPIC = "fullfillment.inventory.products"
 
 
@@ -58,6 +58,8 @@ def _record(
 
 
 def _read(relative: str) -> bytes:
+    if not VECTORS.is_dir():
+        pytest.skip(f"shared test vectors not found at {VECTORS}")  # a failure under CI
     return (VECTORS / relative).read_bytes()
 
 
