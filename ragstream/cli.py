@@ -336,6 +336,16 @@ def _version(args: argparse.Namespace) -> int:
     return int(args.version)
 
 
+def _cmd_config(args: argparse.Namespace) -> int:
+    from ragstream.settings import IngestSettings, settings_report
+    from retrieval_api.settings import RetrieveSettings
+
+    services = {"ingest": IngestSettings, "retrieve": RetrieveSettings}
+    chosen = [args.service] if args.service else list(services)
+    _print_json({name: settings_report(services[name]()) for name in chosen})
+    return 0
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
     from ragstream.dev import DevPorts, run_dev
 
@@ -344,35 +354,51 @@ def _cmd_dev(args: argparse.Namespace) -> int:
 
 
 def _cmd_sor(args: argparse.Namespace) -> int:
-    from ragstream.dev import read_stack
-    from ragstream.sor.embedded import EmbeddedSor
+    from ragstream.dev import open_sor_writer
+    from ragstream.sor.rows import key_values, row_for_put
 
-    stack = read_stack(args.data_dir)
-    sor = EmbeddedSor(Path(stack["sor"]), stack["kafka"])
+    writer = open_sor_writer(args.data_dir)
     try:
+        mapping = writer.mapping(args.table)
+        key = key_values(mapping, args.id)
+        entity_id = mapping.entity_id(key)
+        where = f"table {mapping.table}, topic {writer.topic(args.table)}"
         if args.action == "put":
             if args.text is None and args.file is None:
                 raise RagstreamError("give the content with --text or --file")
             text = args.text if args.text is not None else args.file.read_text()
-            op = sor.put(
-                args.id,
-                args.tenant,
-                text,
-                title=args.title or args.id,
+            values = dict(_assignment(a) for a in args.set)
+            row = row_for_put(
+                mapping,
+                key=args.id,
+                tenant=args.tenant,
+                text=text,
+                title=args.title,
                 entity_type=args.type,
-                metadata={"format": args.format},
+                content_format=args.format,
+                values=values,
             )
-            print(f"{'created' if op.value == 'c' else 'updated'} {args.id} (event on {sor.topic})")
+            op = writer.put(args.table, row)
+            print(f"{'created' if op.value == 'c' else 'updated'} {entity_id} ({where})")
         elif args.action == "delete":
-            done = sor.soft_delete(args.id) if args.soft else sor.delete(args.id)
+            done = (
+                writer.soft_delete(args.table, key) if args.soft else writer.delete(args.table, key)
+            )
             if not done:
-                raise RagstreamError(f"no row with id {args.id!r}")
-            print(f"{'soft-' if args.soft else ''}deleted {args.id} (event on {sor.topic})")
+                raise RagstreamError(f"no row {args.id!r} in {mapping.table}")
+            print(f"{'soft-' if args.soft else ''}deleted {entity_id} ({where})")
         else:
-            _print_json(sor.row(args.id))
+            _print_json(writer.row(args.table, key))
     finally:
-        sor.close()
+        writer.close()
     return 0
+
+
+def _assignment(text: str) -> tuple[str, str]:
+    column, sep, value = text.partition("=")
+    if not sep or not column:
+        raise RagstreamError(f"--set takes column=value, got {text!r}")
+    return column, value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -488,6 +514,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drop", action="store_true", help="retire: also delete its collection")
     p.set_defaults(func=_cmd_index)
 
+    p = sub.add_parser(
+        "config", help="print the effective settings (from RAGSTREAM_* env), secrets masked"
+    )
+    p.add_argument("--service", choices=["ingest", "retrieve"], default=None)
+    p.set_defaults(func=_cmd_config)
+
     p = sub.add_parser("dev", help="run the whole system on its embedded defaults")
     p.add_argument("--data-dir", type=Path, default=Path("data"), help="state directory")
     p.add_argument("--sample-size", type=int, default=None, help="load only N sample docs")
@@ -496,15 +528,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=9464)
     p.set_defaults(func=_cmd_dev)
 
-    p = sub.add_parser("sor", help="change the embedded SoR of a running `ragstream dev`")
+    p = sub.add_parser("sor", help="change the SoR of a running `ragstream dev`")
     p.add_argument("action", choices=["put", "delete", "get"])
-    p.add_argument("--id", required=True, help="entity id")
+    p.add_argument("--table", default="entities", help="mapped table (default: entities)")
+    p.add_argument(
+        "--id", required=True, help="the row's key (composite keys: values joined by commas)"
+    )
     p.add_argument("--tenant", default="acme")
     p.add_argument("--title", default=None)
-    p.add_argument("--type", default="KNOWLEDGE_ARTIFACT", help="entity type")
-    p.add_argument("--format", choices=["text", "markdown", "html"], default="text")
-    p.add_argument("--text", default=None, help="content")
+    p.add_argument("--type", default=None, help="entity type (tables with a type column)")
+    p.add_argument("--format", choices=["text", "markdown", "html"], default=None)
+    p.add_argument("--text", default=None, help="content (the table's last content column)")
     p.add_argument("--file", type=Path, default=None, help="content from a file")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="COLUMN=VALUE", help="set any column"
+    )
     p.add_argument("--soft", action="store_true", help="delete: set deleted_at instead")
     p.add_argument("--data-dir", type=Path, default=Path("data"))
     p.set_defaults(func=_cmd_sor)

@@ -1,11 +1,11 @@
 """`ragstream dev`: the whole system on one machine, on its embedded defaults.
 
-One process runs: a tansu broker (Kafka protocol, loopback), the embedded SQLite SoR that
-publishes Debezium-format events, qdrant-edge storage under the data directory, the ingest
-worker, the gRPC Retrieve server and `/metrics`. qdrant-edge allows one opener per shard, so
-the worker and the server share this process and its store. Restarting reuses the data
-directory: the SoR and the index persist; the broker (memory-only) gets a fresh snapshot of
-the SoR, which costs no embedding for unchanged rows.
+One process runs: a tansu broker (Kafka protocol, loopback), the embedded SQLite SoR (two
+tables: `entities` and `tickets`) that publishes Debezium-format events, qdrant-edge storage
+under the data directory, the ingest worker, the gRPC Retrieve server and `/metrics`.
+qdrant-edge allows one opener per shard, so the worker and the server share this process and
+its store. Restarting reuses the data directory: the SoR and the index persist; the broker
+(memory-only) gets a fresh snapshot of the SoR, which costs no embedding for unchanged rows.
 """
 
 from __future__ import annotations
@@ -34,25 +34,32 @@ from ragstream.embedders.local_onnx import LocalEmbedderConfig
 from ragstream.errors import ConfigError, RagstreamError
 from ragstream.kafka_config import KafkaSettings
 from ragstream.query import QueryError, print_pack, query
-from ragstream.sample import sample_documents
+from ragstream.resources import package_dir
+from ragstream.sample import SAMPLE_DDL, SAMPLE_TABLES, sample_rows
 from ragstream.services.tansu import TansuBroker
 from ragstream.settings import IngestSettings, ReconcileSettings, SorSettings, StoreSettings
 from ragstream.sor.embedded import EmbeddedSor
+from ragstream.sor.rows import SorWriter
 from ragstream.store.edge import EdgeStore
 from retrieval_api.app import build_app
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from streams.app import build_worker
 from streams.consumer import ConsumerConfig
+from streams.plan import PlanConfig
 
 log = logging.getLogger("ragstream.dev")
 
 STACK_FILE = "dev-stack.json"
 TOKENS_FILE = "dev-tokens.json"
-TOPICS = ("sor.public.entities", "ragstream.dlq", "ragstream.audit", "ragstream.reindex-requests")
+#: The topics the stack creates besides one per mapped table.
+SERVICE_TOPICS = ("ragstream.dlq", "ragstream.audit", "ragstream.reindex-requests")
+#: The dev stack's SoR tables (two, shaped differently) and record policy.
+DEV_PLAN = PlanConfig(tables=SAMPLE_TABLES)
 EXAMPLES = (
     ("acme", "If a client cancels a yearly plan after a few weeks, do they get money back?"),
     ("globex", "how often should the seal of the GX-300 be checked?"),
     ("acme", "what does error E-2113 mean?"),
+    ("globex", "which customers reported a leaking seal?"),
 )
 
 
@@ -76,13 +83,11 @@ def _tokens(data_dir: Path, tenants: list[str]) -> dict[str, str]:
     return tokens
 
 
-def _create_topics(bootstrap: str) -> None:
+def _create_topics(bootstrap: str, table_topics: list[str]) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics(
-        [
-            NewTopic(t, num_partitions=4 if t == TOPICS[0] else 1, replication_factor=1)
-            for t in TOPICS
-        ]
+        [NewTopic(t, num_partitions=4, replication_factor=1) for t in table_topics]
+        + [NewTopic(t, num_partitions=1, replication_factor=1) for t in SERVICE_TOPICS]
     )
     for topic, future in futures.items():
         try:
@@ -99,6 +104,12 @@ def read_stack(data_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"no running dev stack: {path} not found (start `ragstream dev`)")
     loaded: dict[str, Any] = json.loads(path.read_text())
     return loaded
+
+
+def open_sor_writer(data_dir: Path) -> SorWriter:
+    """A writer to the running dev stack's system of record (`ragstream sor`)."""
+    stack = read_stack(data_dir)
+    return EmbeddedSor(Path(stack["sor"]), stack["kafka"], plan=DEV_PLAN)
 
 
 def run_dev(
@@ -132,11 +143,14 @@ def _run(
     started: float,
 ) -> int:
     bootstrap = broker.bootstrap_servers
-    _create_topics(bootstrap)
-    sor = EmbeddedSor(data_dir / "sor.sqlite", bootstrap)
-    loaded = sor.load(sample_documents(sample_limit)) if sor.count() == 0 else 0
-    if loaded:
-        print(f"loaded {loaded} sample documents into the SoR ({sor.path})", flush=True)
+    _create_topics(bootstrap, DEV_PLAN.catalog.topics())
+    ddl = [(package_dir("schemas") / "sql" / f).read_text() for f in SAMPLE_DDL["sqlite"]]
+    sor = EmbeddedSor(data_dir / "sor.sqlite", bootstrap, plan=DEV_PLAN, ddl=ddl)
+    samples = sample_rows(sample_limit)
+    if sor.count() == 0:
+        for table, rows in samples.items():
+            loaded = sor.load(table, rows)
+            print(f"loaded {loaded} sample rows into table {table} ({sor.path})", flush=True)
     store = EdgeStore(data_dir / "store")
     embedder = build_embedder(
         LocalEmbedderConfig(),
@@ -144,7 +158,7 @@ def _run(
         registry=registry,
     )
     kafka = KafkaSettings(bootstrap_servers=bootstrap)
-    sor_settings = SorSettings(kind="sqlite", sqlite_path=sor.path, table="entities")
+    sor_settings = SorSettings(kind="sqlite", sqlite_path=sor.path)
     store_settings = StoreSettings(data_dir=data_dir / "store")
     worker = build_worker(
         IngestSettings(
@@ -156,6 +170,7 @@ def _run(
             ),
             store=store_settings,
             sor=sor_settings,
+            plan=DEV_PLAN,
             embedding_cache=None,
             reconcile=ReconcileSettings(interval_s=600.0),
         ),
@@ -163,7 +178,7 @@ def _run(
         store=store,
         embedder=embedder,
     )
-    tenants = sorted({d["company_id"] for d in sample_documents(sample_limit)})
+    tenants = sorted({r["company_id"] for rows in samples.values() for r in rows})
     tokens = _tokens(data_dir, tenants)
     app = build_app(
         RetrieveSettings(
@@ -173,6 +188,7 @@ def _run(
             ),
             store=store_settings,
             sor=sor_settings,
+            plan=DEV_PLAN,
             kafka=kafka,
         ),
         registry,
@@ -194,7 +210,8 @@ def _run(
         )
         reconcile_thread.start()
         total = sor.snapshot()
-        print(f"published a snapshot of {total} rows to {sor.topic}", flush=True)
+        topics = ", ".join(DEV_PLAN.catalog.topics())
+        print(f"published a snapshot of {total} rows to {topics}", flush=True)
         _wait_indexed(registry, total)
         (data_dir / STACK_FILE).write_text(
             json.dumps(
@@ -203,7 +220,8 @@ def _run(
                     "grpc": f"127.0.0.1:{ports.grpc}",
                     "metrics": f"http://127.0.0.1:{ports.metrics}/metrics",
                     "sor": str(sor.path),
-                    "topic": sor.topic,
+                    "sor_kind": "sqlite",
+                    "topics": DEV_PLAN.catalog.topics(),
                 },
                 indent=2,
             )

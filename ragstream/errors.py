@@ -128,6 +128,31 @@ class ManifestMismatchError(StoreError):
     code = "MANIFEST_MISMATCH"
 
 
+# --- system of record ------------------------------------------------------------------------
+
+
+class SorUnavailableError(RagstreamError):
+    """The system of record cannot be reached or refused the query (retryable)."""
+
+    code = "SOR_UNAVAILABLE"
+
+
+class SorTableError(RagstreamError):
+    """One SoR table cannot be read (missing table or column, no privilege): a configuration
+    problem of that table, not an outage."""
+
+    code = "SOR_TABLE_UNREADABLE"
+
+
+# --- Kafka -----------------------------------------------------------------------------------
+
+
+class DeadLetterUnavailableError(RagstreamError):
+    """Records bound for the DLQ topic were not acknowledged by the broker (retryable)."""
+
+    code = "DLQ_UNAVAILABLE"
+
+
 class InvalidTenantError(RagstreamError):
     """A tenant name that could escape its namespace (path, alias or collection injection)."""
 

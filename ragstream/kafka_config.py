@@ -6,9 +6,29 @@ the quix-streams habit; `extra` takes any other librdkafka property verbatim.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+#: What is masked wherever settings are shown: keys naming passwords, secrets, tokens,
+#: credentials or keys (`ssl.key.pem`, `*.api_key`), and every SASL property but the mechanism.
+_SECRET_KEY = re.compile(
+    r"password|secret|token|credential|(^|[._])(api_)?key($|[._])|^sasl\.(?!mechanisms?$)",
+    re.IGNORECASE,
+)
+MASK = "**********"
+
+
+def is_secret_key(key: str) -> bool:
+    """True when a setting or librdkafka property named `key` may hold a secret."""
+    return bool(_SECRET_KEY.search(key))
+
+
+def mask_mapping(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy with the values of secret-looking keys masked."""
+    return {k: MASK if is_secret_key(k) and v is not None else v for k, v in values.items()}
 
 
 class KafkaSettings(BaseModel):
@@ -27,8 +47,17 @@ class KafkaSettings(BaseModel):
     ssl_key_location: str | None = None
     ssl_key_password: SecretStr | None = None
     extra: dict[str, str] = Field(
-        default_factory=dict, description="Any other librdkafka property, passed verbatim."
+        default_factory=dict,
+        description=(
+            "Any other librdkafka property, passed verbatim (values of secret-looking keys "
+            "are masked wherever settings are shown)."
+        ),
     )
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        # `extra` may carry secrets (sasl.oauthbearer.client.secret, ssl.key.pem...)
+        for name, value in super().__repr_args__():
+            yield name, mask_mapping(value) if name == "extra" else value
 
     def client_config(self) -> dict[str, Any]:
         """The librdkafka configuration dict (secrets revealed: never log this dict)."""
@@ -56,7 +85,4 @@ class KafkaSettings(BaseModel):
 
     def redacted_config(self) -> dict[str, Any]:
         """`client_config()` with every secret-looking value masked: safe to log."""
-        return {
-            key: "***" if any(s in key for s in ("password", "secret", "token")) else value
-            for key, value in self.client_config().items()
-        }
+        return mask_mapping(self.client_config())

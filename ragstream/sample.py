@@ -1,9 +1,12 @@
-"""The sample corpus `ragstream dev` loads: a few hundred documents for two tenants.
+"""The sample corpus `ragstream dev` loads: a few hundred rows in two SoR tables, two tenants.
 
-It is the golden evaluation set's hand-written documents (`ragstream/eval/data/golden.json`:
-policies, runbooks, emails, meeting notes, tickets for `acme`, a SaaS company, and `globex`, a
-pump manufacturer) plus documents generated deterministically from small tables: release
-notes and incident reviews for acme, pump datasheets and service bulletins for globex.
+Table `entities`: the golden evaluation set's hand-written documents
+(`ragstream/eval/data/golden.json`: policies, runbooks, emails, meeting notes for `acme`, a SaaS
+company, and `globex`, a pump manufacturer) plus documents generated deterministically from
+small tables: release notes and incident reviews for acme, pump datasheets and service bulletins
+for globex. Table `tickets`: support tickets of both tenants, shaped unlike `entities` (content
+from two columns, a constant entity type, status and priority copied into the metadata).
+`SAMPLE_TABLES` maps both.
 """
 
 from __future__ import annotations
@@ -14,6 +17,29 @@ from collections.abc import Iterator
 from typing import Any
 
 from ragstream.resources import package_dir
+from streams.mapping import TableMapping
+
+#: The mappings of the sample tables (the dev stack's `plan.tables`).
+SAMPLE_TABLES: tuple[TableMapping, ...] = (
+    TableMapping(),
+    TableMapping(
+        table="public.tickets",
+        key_columns=("id",),
+        tenant_column="company_id",
+        type_column=None,
+        default_entity_type="TICKET",
+        title_column="subject",
+        content_columns=("subject", "body"),
+        metadata_column=None,
+        metadata_columns=("status", "priority"),
+        content_hash_column=None,
+    ),
+)
+#: DDL of the sample tables, per dialect (files under schemas/sql/).
+SAMPLE_DDL = {
+    "sqlite": ("entities.sqlite.sql", "tickets.sqlite.sql"),
+    "postgres": ("entities.postgres.sql", "tickets.postgres.sql"),
+}
 
 FEATURES = [
     ("SSO with Okta and Azure AD", "single sign-on through SAML 2.0 and OIDC providers"),
@@ -161,6 +187,101 @@ def _bulletins(rng: random.Random) -> Iterator[dict[str, Any]]:
             ),
             "metadata": {"format": "text", "model": model},
         }
+
+
+TICKET_PROBLEMS = {
+    "acme": [
+        (
+            "Login fails with E-2113",
+            "Our users cannot log in through SAML since this morning; "
+            "the login page shows error E-2113. Our IdP runs in a VM whose clock we do not "
+            "control.",
+        ),
+        (
+            "Change the invoice address",
+            "Our finance team moved to a new office; please send future invoices to the "
+            "new billing address and reissue the last one.",
+        ),
+        (
+            "Webhook sent twice",
+            "Every webhook arrived twice after your maintenance window; our "
+            "order system booked duplicate orders.",
+        ),
+        (
+            "Export drops rows",
+            "The CSV export of workflow runs is missing rows whose comment "
+            "field contains a line break.",
+        ),
+        (
+            "Two-factor for contractors",
+            "Can we exempt external contractors from the mandatory "
+            "two-factor authentication of the workspace?",
+        ),
+        (
+            "Slow search",
+            "Searching workflows takes more than ten seconds for our largest "
+            "project since the last release.",
+        ),
+    ],
+    "globex": [
+        (
+            "Seal leaking on GX-300",
+            "The GX-300 at the cooling tower leaks at the mechanical seal "
+            "after 900 operating hours; the datasheet says to check it every 1000 hours.",
+        ),
+        (
+            "Bearing noise after regreasing",
+            "A GX-410 pump became noisy right after the bearings "
+            "were regreased; the grease type was not documented.",
+        ),
+        (
+            "Vibration at partial load",
+            "Our irrigation pump vibrates when throttled below half "
+            "of its rated flow. Is service bulletin SB-712 relevant?",
+        ),
+        (
+            "Spare impeller lead time",
+            "What is the delivery time for a duplex stainless steel impeller for the GX-550?",
+        ),
+        (
+            "Warranty claim for kit K-27",
+            "We replaced a seal with kit K-27 under the service "
+            "bulletin; please confirm that parts and labour are covered.",
+        ),
+    ],
+}
+STATUSES = ["open", "pending", "solved", "closed"]
+PRIORITIES = ["low", "normal", "high", "urgent"]
+
+
+def sample_tickets() -> list[dict[str, Any]]:
+    """Support tickets of both tenants as rows of the `tickets` table (deterministic)."""
+    rng = random.Random(20261124)
+    rows = []
+    for tenant, problems in TICKET_PROBLEMS.items():
+        for n in range(24):
+            subject, body = problems[n % len(problems)]
+            number = 1000 + n if tenant == "acme" else 5000 + n
+            rows.append(
+                {
+                    "id": f"{tenant}-ticket-{number}",
+                    "company_id": tenant,
+                    "subject": f"{subject} (#{number})",
+                    "body": f"{body} Reported by customer account {rng.randint(100, 999)}.",
+                    "status": rng.choice(STATUSES),
+                    "priority": rng.choice(PRIORITIES),
+                }
+            )
+    return rows
+
+
+def sample_rows(limit: int | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The sample corpus per table name: `limit` rows per table at most."""
+    tickets = sample_tickets()
+    return {
+        "entities": sample_documents(limit),
+        "tickets": tickets[:limit] if limit is not None else tickets,
+    }
 
 
 def sample_documents(limit: int | None = None) -> list[dict[str, Any]]:

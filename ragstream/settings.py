@@ -10,7 +10,7 @@ every variable; `ragstream config` prints the effective settings with secrets ma
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ragstream.embedders.cache import EmbeddingCacheConfig
 from ragstream.embedders.local_onnx import LocalEmbedderConfig
 from ragstream.embedders.openai_http import OpenAIEmbedderConfig
-from ragstream.kafka_config import KafkaSettings
+from ragstream.kafka_config import MASK, KafkaSettings, is_secret_key
 from streams.consumer import ConsumerConfig
 from streams.plan import PlanConfig
 from streams.prepare import ChunkingSettings
@@ -44,14 +44,14 @@ class StoreSettings(BaseModel):
 
 
 class SorSettings(BaseModel):
-    """The system of record Retrieve verifies against and ingest re-reads from."""
+    """The system of record Retrieve verifies against and ingest re-reads from. Its tables
+    are the mapped ones (`plan.tables`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Literal["none", "postgres", "sqlite"] = "none"
     dsn: SecretStr | None = Field(default=None, description="postgres: libpq DSN (masked).")
     sqlite_path: Path | None = None
-    table: str = "public.entities"
 
 
 class DecodeSettings(BaseModel):
@@ -105,3 +105,23 @@ class IngestSettings(BaseSettings):
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(default=9464, ge=0, le=65535)
+
+
+def masked(value: Any) -> Any:
+    """A JSON-ready settings dump with every secret masked: `SecretStr` fields (pydantic dumps
+    them masked) and any text under a secret-looking key (librdkafka properties in
+    `kafka.extra`, header maps...)."""
+    if isinstance(value, dict):
+        return {
+            k: MASK if isinstance(v, str) and is_secret_key(k) else masked(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [masked(v) for v in value]
+    return value
+
+
+def settings_report(settings: BaseModel) -> dict[str, Any]:
+    """The effective settings as JSON, secrets masked (`ragstream config`)."""
+    report: dict[str, Any] = masked(settings.model_dump(mode="json"))
+    return report

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from ragstream.embedders import build_embedder
 from ragstream.embedders.base import Embedder
 from ragstream.embedders.spec import EmbeddingSpec
-from ragstream.errors import ConfigError, ManifestMismatchError
+from ragstream.errors import ConfigError, ManifestMismatchError, MappingError
 from ragstream.settings import IngestSettings, SorSettings, StoreSettings
 from ragstream.sor.base import SystemOfRecord
 from ragstream.sor.sql import PostgresSor, SqliteSor
@@ -29,7 +29,7 @@ from ragstream.store.registry import (
 )
 from schemas.entities import Entity
 from streams.ingest import TargetIndex
-from streams.mapping import TableMapping
+from streams.mapping import TableCatalog
 from streams.plan import ContentHasher, Plan, PlanConfig
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 def payload_schema(plan: PlanConfig) -> PayloadSchema:
     """Indexed payload fields: the keyword fields every table mapping copies to the payload."""
-    keywords = tuple(dict.fromkeys(f for m in plan.tables.values() for f in m.keyword_fields))
+    keywords = tuple(dict.fromkeys(f for m in plan.tables for f in m.keyword_fields))
     return PayloadSchema(keyword_fields=keywords)
 
 
@@ -65,21 +65,18 @@ def build_registry(settings: StoreSettings, store: VectorStore) -> IndexRegistry
 
 
 def build_sor(
-    settings: SorSettings, mapping: TableMapping, hasher: ContentHasher
+    settings: SorSettings, catalog: TableCatalog, hasher: ContentHasher
 ) -> SystemOfRecord | None:
-    """The SoR reader, or None when none is configured."""
+    """The SoR reader of every mapped table, or None when no SoR is configured."""
     if settings.kind == "none":
         return None
     if settings.kind == "postgres":
         if settings.dsn is None:
             raise ConfigError("sor.kind=postgres needs sor.dsn (RAGSTREAM_SOR__DSN)")
-        return PostgresSor(
-            settings.dsn.get_secret_value(), table=settings.table, mapping=mapping, hasher=hasher
-        )
+        return PostgresSor(settings.dsn.get_secret_value(), catalog=catalog, hasher=hasher)
     if settings.sqlite_path is None:
         raise ConfigError("sor.kind=sqlite needs sor.sqlite_path (RAGSTREAM_SOR__SQLITE_PATH)")
-    table = settings.table.split(".")[-1]
-    return SqliteSor(settings.sqlite_path, table=table, mapping=mapping, hasher=hasher)
+    return SqliteSor(settings.sqlite_path, catalog=catalog, hasher=hasher)
 
 
 def build_ingest_embedder(settings: IngestSettings, registry: CollectorRegistry) -> Embedder:
@@ -215,8 +212,14 @@ class SorRows:
         self._sor = sor
 
     def fetch_entity(self, plan: Plan) -> Entity | None:
-        """The row as the SoR has it now, or None when it is gone or soft-deleted."""
+        """The row as the SoR has it now, or None when it is gone or soft-deleted; MappingError
+        when the entity's table is not mapped (nothing can be said about it)."""
         if plan.entity_id is None:
             return None
+        if self._sor.catalog.for_entity(plan.entity_id) is None:
+            raise MappingError(
+                f"{plan.entity_id!r} belongs to no mapped SoR table "
+                f"(mapped: {', '.join(m.label for m in self._sor.catalog)})"
+            )
         found = self._sor.fetch_entities(plan.tenant_id, [plan.entity_id])
         return found.get(plan.entity_id)

@@ -99,9 +99,8 @@ def build_app(
     own_next = next_embedder
     if own_next is None and settings.next_embedder is not None:
         own_next = build_embedder(settings.next_embedder)
-    mapping = settings.plan.mapping_for(None)
     preparer = Preparer(own_embedder.spec, settings.chunking)
-    own_sor = sor or build_sor(settings.sor, mapping, preparer.content_hash)
+    own_sor = sor or build_sor(settings.sor, settings.plan.catalog, preparer.content_hash)
     if own_sor is None:
         raise ConfigError(
             "Retrieve verifies every hit against the system of record: set RAGSTREAM_SOR__KIND"

@@ -50,6 +50,7 @@ class Verdict(StrEnum):
     DELETED = "deleted"
     STALE = "stale"
     MISSING = "missing"
+    UNVERIFIABLE = "unverifiable"  # the SoR reader cannot read the entity's table
 
 
 class EntityState(Protocol):
@@ -70,6 +71,11 @@ class EntityState(Protocol):
         """The row's current content hash."""
         ...
 
+    @property
+    def mapped(self) -> bool:
+        """The SoR reader can read the entity's table (else nothing is known of it)."""
+        ...
+
 
 def entities_to_verify(ranking: Ranking) -> list[str]:
     """The entity ids of every survivor, sorted and unique: one batched SoR query."""
@@ -81,14 +87,17 @@ def verdicts_from_sor(
 ) -> dict[str, Verdict]:
     """chunk_id -> Verdict from the SoR's entity states (keyed by entity id).
 
-    Absent or non-existent entity -> MISSING; soft-deleted -> DELETED; content hash other than
+    Entity of a table the SoR reader cannot read -> UNVERIFIABLE; absent or non-existent
+    entity -> MISSING; soft-deleted -> DELETED; content hash other than
     the chunk's source hash (or either one unknown) -> STALE; else OK.
     """
     verdicts: dict[str, Verdict] = {}
     for chunk in chunks:
         state = states.get(chunk.entity_id)
         source_hash = _str(chunk.payload, SOURCE_HASH).strip().lower()
-        if state is None or not state.exists:
+        if state is not None and not state.mapped:
+            verdicts[chunk.chunk_id] = Verdict.UNVERIFIABLE
+        elif state is None or not state.exists:
             verdicts[chunk.chunk_id] = Verdict.MISSING
         elif state.deleted:
             verdicts[chunk.chunk_id] = Verdict.DELETED
@@ -116,6 +125,7 @@ _REASONS: Mapping[ExclusionReason, pb.ExclusionReason.ValueType] = {
     ExclusionReason.FILTERED: pb.EXCLUSION_REASON_FILTERED,
     ExclusionReason.BELOW_THRESHOLD: pb.EXCLUSION_REASON_BELOW_THRESHOLD,
     ExclusionReason.DUPLICATE: pb.EXCLUSION_REASON_DUPLICATE,
+    ExclusionReason.UNVERIFIABLE: pb.EXCLUSION_REASON_UNVERIFIABLE,
 }
 _CONFIDENCE: Mapping[Confidence, pb.Confidence.ValueType] = {
     Confidence.HIGH: pb.CONFIDENCE_HIGH,
@@ -131,7 +141,10 @@ _VERDICT_REASON: Mapping[Verdict, ExclusionReason] = {
     Verdict.DELETED: ExclusionReason.DELETED,
     Verdict.STALE: ExclusionReason.STALE,
     Verdict.MISSING: ExclusionReason.MISSING,
+    Verdict.UNVERIFIABLE: ExclusionReason.UNVERIFIABLE,
 }
+#: Exclusions the worker can heal by re-reading the entity from the SoR.
+_REINDEXABLE = frozenset({ExclusionReason.DELETED, ExclusionReason.STALE, ExclusionReason.MISSING})
 _REASON_OF: Mapping[pb.ExclusionReason.ValueType, ExclusionReason] = {
     v: k for k, v in _REASONS.items()
 }
@@ -382,7 +395,7 @@ def reindex_requests(pack: pb.EvidencePack) -> list[tuple[str, ExclusionReason]]
     first: dict[str, ExclusionReason] = {}
     for item in pack.excluded:
         reason = _REASON_OF.get(item.reason)
-        if reason is not None and reason in _VERDICT_REASON.values():
+        if reason is not None and reason in _REINDEXABLE:
             first.setdefault(item.entity_id, reason)
     return sorted(first.items())
 

@@ -61,6 +61,7 @@ class ExclusionReason(StrEnum):
     FILTERED = "filtered"
     BELOW_THRESHOLD = "below_threshold"
     DUPLICATE = "duplicate"
+    UNVERIFIABLE = "unverifiable"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -15,7 +16,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from ragstream.embedders import build_embedder
 from ragstream.embedders.base import Embedder
 from ragstream.embedders.models import EmbeddingModels
-from ragstream.errors import ConfigError, RagstreamError
+from ragstream.errors import ConfigError, RagstreamError, SorUnavailableError
 from ragstream.settings import IngestSettings
 from ragstream.sor.base import SystemOfRecord
 from ragstream.sparse import Bm25Encoder
@@ -127,25 +128,63 @@ class IngestWorker:
     def reconcile_forever(self) -> None:
         """`reconcile_once` every `reconcile.interval_s` until stopped, on one member of the
         consumer group only (`ConsumerLoop.is_designated`; every member when that cannot be
-        told). A failed run is logged with its error and retried at the next interval (the
-        last-run gauge shows the gap)."""
-        while not self.stop.wait(self.settings.reconcile.interval_s):
+        told). When the SoR is unreachable the run is retried with backoff (counted as
+        backpressure on `dependency="sor"`) instead of waiting a whole interval; any other
+        failure is logged with its error and retried at the next interval (the last-run gauge
+        shows the gap)."""
+        delay = self.settings.reconcile.interval_s
+        while not self.stop.wait(delay):
+            delay = self.settings.reconcile.interval_s
             if self.loop.is_designated() is False:
                 # replicas share the work: the holder of the first topic's partition 0 runs it
                 log.debug("scheduled reconciliation left to the designated group member")
                 continue
-            try:
-                self.reconcile_once()
-            except RagstreamError:
-                log.exception(
-                    "scheduled reconciliation failed; next try in %.0f s",
-                    self.settings.reconcile.interval_s,
-                )
+            backoff = self.settings.consumer.backoff_initial_s
+            while not self.stop.is_set():
+                try:
+                    self.reconcile_once()
+                except SorUnavailableError as exc:
+                    self.metrics.backpressure.labels("sor").inc()
+                    log.warning(
+                        "scheduled reconciliation paused, retry in %.1f s: %s", backoff, exc
+                    )
+                    if self.stop.wait(backoff):
+                        return
+                    backoff = min(backoff * 2, self.settings.consumer.backoff_max_s)
+                    continue
+                except RagstreamError:
+                    log.exception(
+                        "scheduled reconciliation failed; next try in %.0f s",
+                        self.settings.reconcile.interval_s,
+                    )
+                break
 
     def close(self) -> None:
         """Release what the worker created."""
         for resource in self.owned:
             resource.close()
+
+
+def consumed_topics(topics: Sequence[str], settings: IngestSettings) -> tuple[str, ...]:
+    """The topics to subscribe: the configured ones, each of which must carry a mapped table's
+    changes (or heartbeats), or by default every mapped table's topic."""
+    catalog = settings.plan.catalog
+    if not topics:
+        return tuple(catalog.topics())
+    unmapped = [
+        t
+        for t in topics
+        if not t.startswith("^")
+        and catalog.for_topic(t) is None
+        and not t.startswith(settings.decode.heartbeat_topic_prefix)
+    ]
+    if unmapped:
+        raise ConfigError(
+            f"topics {unmapped} map to no SoR table: add a table mapping whose topic is each "
+            f"of them (RAGSTREAM_PLAN__TABLES; mapped topics: {catalog.topics()}) or remove "
+            "them from RAGSTREAM_CONSUMER__TOPICS"
+        )
+    return tuple(topics)
 
 
 def build_worker(
@@ -158,6 +197,10 @@ def build_worker(
 ) -> IngestWorker:
     """Wire a worker from settings; `store`, `embedder` and `next_embedder` may be injected
     (embedded stack, tests)."""
+    # configuration mistakes first, before the model loads
+    consumer = settings.consumer.model_copy(
+        update={"topics": consumed_topics(settings.consumer.topics, settings)}
+    )
     metrics = IngestMetrics(registry)
     injected = (embedder, store)
     own_embedder = embedder or build_ingest_embedder(settings, registry)
@@ -178,8 +221,8 @@ def build_worker(
     index_registry = build_registry(settings.store, store)
     sparse = Bm25Encoder()
     targets = RegistryTargets(index_registry, [e.spec for e in models], sparse, store)
-    mapping = settings.plan.mapping_for(None)
-    sor = build_sor(settings.sor, mapping, preparer.content_hash)
+    catalog = settings.plan.catalog
+    sor = build_sor(settings.sor, catalog, preparer.content_hash)
     options = DecodeOptions(
         envelope=settings.decode.envelope,
         heartbeat_topic_prefix=settings.decode.heartbeat_topic_prefix,
@@ -202,12 +245,14 @@ def build_worker(
         targets=targets,
         metrics=metrics,
         rows=SorRows(sor) if sor is not None else None,
-        keyword_fields=mapping.keyword_fields,
-        event_date_field=mapping.event_date_field,
+        keyword_fields=payload_schema(settings.plan).keyword_fields,
+        event_date_fields={
+            m.label: m.event_date_field for m in catalog if m.event_date_field is not None
+        },
         reindex_topic=settings.consumer.reindex_topic,
         other_models=[(e, Preparer(e.spec, settings.chunking)) for e in list(models)[1:]],
     )
-    loop = ConsumerLoop(settings.kafka, settings.consumer, handler, metrics)
+    loop = ConsumerLoop(settings.kafka, consumer, handler, metrics)
     return IngestWorker(
         settings=settings,
         loop=loop,

@@ -4,7 +4,8 @@ Invariants (DESIGN decision 1):
 - offsets are committed only after the handler returned, i.e. after every write of the batch
   was acknowledged by the store, and after every DLQ record of the batch was delivered;
 - per-partition order is Kafka's: one batch at a time, handled in offset order;
-- a retryable dependency failure (embedder or store overloaded/unreachable) commits nothing:
+- a retryable dependency failure (embedder, store, SoR or the DLQ topic overloaded or
+  unreachable) commits nothing:
   the batch's partitions are rewound to the batch start and all partitions are paused for a
   backoff (honouring retry-after), then resumed. Re-processing is safe: writes are idempotent;
 - revocation can only happen inside `consume()`, between batches, when nothing is in flight and
@@ -28,8 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ragstream.errors import (
     ConfigError,
+    DeadLetterUnavailableError,
     EmbeddingUnavailableError,
     RagstreamError,
+    SorUnavailableError,
     StoreUnavailableError,
 )
 from ragstream.kafka_config import KafkaSettings
@@ -39,7 +42,28 @@ from streams.metrics import IngestMetrics
 log = logging.getLogger(__name__)
 
 #: Retryable dependency failures: the batch is retried after a backoff, nothing is committed.
-RETRYABLE = (EmbeddingUnavailableError, StoreUnavailableError)
+RETRYABLE = (
+    EmbeddingUnavailableError,
+    StoreUnavailableError,
+    SorUnavailableError,
+    DeadLetterUnavailableError,
+)
+#: The `dependency` label of `ragstream_ingest_backpressure_total` per retryable failure.
+DEPENDENCY: dict[type[RagstreamError], str] = {
+    EmbeddingUnavailableError: "embedder",
+    StoreUnavailableError: "store",
+    SorUnavailableError: "sor",
+    DeadLetterUnavailableError: "dlq",
+}
+
+
+def dependency_of(exc: RagstreamError) -> str:
+    """The dependency a retryable failure is blamed on (metrics label, log line)."""
+    for kind, name in DEPENDENCY.items():
+        if isinstance(exc, kind):
+            return name
+    return "unknown"
+
 
 DLQ_HEADER_PREFIX = "ragstream."
 
@@ -51,8 +75,11 @@ class ConsumerConfig(BaseModel):
 
     group_id: str = "ragstream-ingest"
     topics: tuple[str, ...] = Field(
-        default=("sor.public.entities",),
-        description="Topics to consume; entries starting with '^' are regex patterns.",
+        default=(),
+        description=(
+            "Topics to consume; entries starting with '^' are regex patterns. Empty: the "
+            "topics of the mapped tables (plan.tables)."
+        ),
     )
     dlq_topic: str = "ragstream.dlq"
     #: Retrieve publishes reindex requests (stale, deleted or missing hits) here; the worker
@@ -336,8 +363,9 @@ class ConsumerLoop:
         self._metrics.stage_seconds.labels("dlq").observe(time.perf_counter() - started)
         if remaining or failures:
             # Not delivered: the batch is retried rather than committed past a lost record.
-            raise StoreUnavailableError(
-                f"DLQ delivery failed ({remaining} undelivered): {failures[:3]}"
+            raise DeadLetterUnavailableError(
+                f"DLQ delivery to {self._config.dlq_topic} failed ({remaining} undelivered): "
+                f"{failures[:3]}"
             )
 
     def _commit(self, records: Sequence[RawRecord]) -> None:
@@ -361,7 +389,7 @@ class ConsumerLoop:
 
     def _back_off(self, records: Sequence[RawRecord], exc: RagstreamError) -> None:
         consumer = self._require_consumer()
-        dependency = "embedder" if isinstance(exc, EmbeddingUnavailableError) else "store"
+        dependency = dependency_of(exc)
         self._metrics.backpressure.labels(dependency).inc()
         first: dict[tuple[str, int], int] = {}
         for rec in records:

@@ -25,6 +25,7 @@ from ragstream.errors import (
     DecodeError,
     MappingError,
     RecordTooLargeError,
+    SorTableError,
 )
 from ragstream.store.base import (
     CHUNK_ID,
@@ -32,6 +33,7 @@ from ragstream.store.base import (
     ENTITY_TYPE,
     EVENT_DATE,
     SOURCE_HASH,
+    SOURCE_TABLE,
     TENANT_ID,
     ChunkRef,
     PointRecord,
@@ -43,6 +45,7 @@ from ragstream.store.ids import point_id
 from schemas.entities import Chunk, Entity, EntityVersion
 from schemas.events import ChangeEvent, RawRecord, RecordPosition
 from streams.consumer import DeadLetter
+from streams.mapping import table_of_entity
 from streams.metrics import IngestMetrics
 from streams.plan import Action, Plan
 
@@ -98,7 +101,10 @@ class RowSource(Protocol):
     """Re-reads rows from the system of record (refetch after a TOAST placeholder)."""
 
     def fetch_entity(self, plan: Plan) -> Entity | None:
-        """The entity as the SoR has it now; None when the row no longer exists."""
+        """The entity as the SoR has it now; None when the row no longer exists. Raises
+        `MappingError` when the entity's table is not mapped and `SorTableError` when it cannot
+        be read (nothing can be said about the row then), `SorUnavailableError` when the SoR
+        is unreachable."""
         ...
 
 
@@ -185,7 +191,7 @@ class IngestHandler:
         metrics: IngestMetrics,
         rows: RowSource | None = None,
         keyword_fields: Sequence[str] = (),
-        event_date_field: str | None = None,
+        event_date_fields: Mapping[str, str] | None = None,
         reindex_topic: str | None = None,
         other_models: Sequence[tuple[Embedder, EntityPreparer]] = (),
         clock: Callable[[], float] = time.time,
@@ -206,7 +212,8 @@ class IngestHandler:
         self._metrics = metrics
         self._rows = rows
         self._keyword_fields = tuple(keyword_fields)
-        self._event_date_field = event_date_field
+        #: table name -> the metadata key holding the event date (else `updated_at` is used)
+        self._event_date_fields = dict(event_date_fields or {})
         self._reindex_topic = reindex_topic
         self._clock = clock
         self._rejections: list[Rejection] = []
@@ -219,9 +226,10 @@ class IngestHandler:
     def handle(self, records: Sequence[RawRecord]) -> Sequence[DeadLetter]:
         """Apply a batch; return the records that belong in the DLQ."""
         letters: list[DeadLetter] = []
-        work = self._plan_batch(records, letters)
-        with self._lock:
-            applied = self._apply(work, letters)
+        applied: list[_Work] = []
+        for segment in self._plan_batch(records, letters):
+            with self._lock:
+                applied += self._apply(segment, letters)
         now = self._clock()
         for item in applied:
             if item.plan.source_ts_ms is not None:
@@ -282,13 +290,18 @@ class IngestHandler:
             metrics=self._metrics,
             rows=self._rows,
             keyword_fields=self._keyword_fields,
-            event_date_field=self._event_date_field,
+            event_date_fields=self._event_date_fields,
             clock=self._clock,
         )
 
     # --- decode, plan, reduce ---------------------------------------------------------------
 
-    def _plan_batch(self, records: Sequence[RawRecord], letters: list[DeadLetter]) -> list[_Work]:
+    def _plan_batch(
+        self, records: Sequence[RawRecord], letters: list[DeadLetter]
+    ) -> list[list[_Work]]:
+        """The batch's work per entity, in segments: a TRUNCATE is a segment of its own, so
+        what came before it is applied before it, and what came after, after."""
+        segments: list[list[_Work]] = []
         by_entity: dict[tuple[str, bool], _Work] = {}
         decode_s = plan_s = 0.0
         for rec in records:
@@ -324,10 +337,15 @@ class IngestHandler:
                 )
                 self._count(rec.topic, event.op or event.kind.value, "dlq")
                 continue
+            if plan.action is Action.TRUNCATE:
+                segments += [list(by_entity.values()), [_Work(plan, [rec])]]
+                by_entity = {}
+                continue
             self._reduce(by_entity, plan, rec)
+        segments.append(list(by_entity.values()))
         self._metrics.stage_seconds.labels("decode").observe(decode_s)
         self._metrics.stage_seconds.labels("plan").observe(plan_s)
-        return list(by_entity.values())
+        return [s for s in segments if s]
 
     def _reindex_plan(self, rec: RawRecord, letters: list[DeadLetter]) -> Plan | None:
         """A reindex request from Retrieve -> re-read the entity from the SoR (a refetch)."""
@@ -379,13 +397,17 @@ class IngestHandler:
         applied: list[_Work] = []
         for item in work:
             plan = item.plan
+            if plan.action is Action.TRUNCATE:
+                self._truncate(item)
+                applied.append(item)
+                continue
             if plan.action is Action.DELETE:
                 self._delete(plan)
                 applied.append(item)
                 self._count_all(item, "deleted")
             elif plan.action is Action.REFETCH:
-                entity = self._refetch(item, letters)
-                if entity is not None or self._rows is not None:
+                known, entity = self._refetch(item, letters)
+                if known:
                     # the SoR's current row (or its absence) overrides an earlier upsert
                     replaced = upserts.pop(plan.entity_id or "", None)
                     if replaced is not None:
@@ -400,21 +422,86 @@ class IngestHandler:
         applied.extend(self._upsert(list(upserts.values()), letters))
         return applied
 
-    def _refetch(self, item: _Work, letters: list[DeadLetter]) -> Entity | None:
+    def _refetch(self, item: _Work, letters: list[DeadLetter]) -> tuple[bool, Entity | None]:
+        """(whether the SoR could say, the entity it holds now). A row that is gone is deleted
+        here; an entity whose table the SoR reader cannot read is left as it is."""
         plan = item.plan
         if self._rows is None:
-            for rec in item.records:
-                letters.append(DeadLetter(rec, "CONTENT_UNAVAILABLE", plan.detail, "plan"))
-            self._count_all(item, "dlq")
-            return None
-        entity = self._rows.fetch_entity(plan)
+            self._reject(item, letters, "CONTENT_UNAVAILABLE", plan.detail)
+            return False, None
+        try:
+            entity = self._rows.fetch_entity(plan)
+        except (MappingError, SorTableError) as exc:
+            # nothing is known about the row: never delete what cannot be seen
+            self._reject(item, letters, exc.code, f"cannot re-read {plan.entity_id}: {exc}")
+            return False, None
         if entity is None:
             # The row is gone from the SoR: its chunks must go too.
             self._delete(plan)
             self._count_all(item, "deleted")
-            return None
+            return True, None
         self._count_all(item, "refetched")
-        return entity
+        return True, entity
+
+    def _reject(self, item: _Work, letters: list[DeadLetter], code: str, reason: str) -> None:
+        """DLQ the item's records, or report it when it has none (a re-read, a snapshot)."""
+        for rec in item.records:
+            letters.append(DeadLetter(rec, code, reason, "plan"))
+        if not item.records:
+            log.warning("cannot index %s: %s %s", item.plan.entity_id, code, reason)
+            self._rejections.append(Rejection(item.plan.entity_id or "?", code, reason))
+        self._count_all(item, "dlq")
+
+    def _truncate(self, item: _Work) -> None:
+        """A TRUNCATE of a mapped table: remove, in every tenant and write target, the table's
+        entities indexed from changes before it (their LSN is lower). Entities indexed without
+        an LSN (from SoR reads) are re-read from the SoR when there is one, else removed; those
+        indexed from later changes stay (a truncate is key-less: it may overtake or trail row
+        events of other partitions)."""
+        plan = item.plan
+        assert plan.table is not None
+        cutoff = plan.version.lsn if plan.version is not None else None
+        started = time.perf_counter()
+        removed = 0
+        for tenant in self._targets.known_tenants():
+            reread: set[str] = set()
+            for target in self._targets.write_targets(tenant):
+                flt = StoreFilter(tenant_id=tenant, keywords={SOURCE_TABLE: (plan.table,)})
+                doomed: list[str] = []
+                for point in self._store.scroll(
+                    target.collection, flt, fields=(ENTITY_ID, VERSION_LSN)
+                ):
+                    lsn = point.payload.get(VERSION_LSN)
+                    if cutoff is not None and isinstance(lsn, int):
+                        if lsn < cutoff:
+                            doomed.append(point.point_id)
+                    elif self._rows is not None:
+                        reread.add(str(point.payload[ENTITY_ID]))
+                    else:
+                        doomed.append(point.point_id)
+                if doomed:
+                    self._store.delete_points(target.collection, doomed, wait=True)
+                    self._metrics.chunks_deleted.inc(len(doomed))
+                    removed += len(doomed)
+            if reread:
+                self._apply(
+                    [
+                        _Work(
+                            Plan(
+                                Action.REFETCH,
+                                "truncate",
+                                plan.position,
+                                tenant_id=tenant,
+                                entity_id=entity_id,
+                            )
+                        )
+                        for entity_id in sorted(reread)
+                    ],
+                    [],
+                )
+        self._metrics.stage_seconds.labels("write").observe(time.perf_counter() - started)
+        log.info("truncate of %s: %d chunks removed", plan.table, removed)
+        self._count_all(item, "truncated")
 
     def _delete(self, plan: Plan) -> None:
         assert plan.entity_id is not None
@@ -650,6 +737,7 @@ class IngestHandler:
             **self._entity_fields(entity, target, indexed_at),
             TENANT_ID: entity.tenant_id,
             ENTITY_ID: entity.entity_id,
+            SOURCE_TABLE: table_of_entity(entity.entity_id) or None,
             CHUNK_ID: chunk.chunk_id,
             "chunk_index": chunk.chunk_index,
             CHUNK_COUNT: chunk_count,  # the whole set's size: detects partial writes
@@ -679,9 +767,10 @@ class IngestHandler:
             self._store.update_payload(target.collection, ids, values, unset=unset)
 
     def _event_date(self, entity: Entity) -> str | None:
-        if self._event_date_field is None:
+        field = self._event_date_fields.get(table_of_entity(entity.entity_id))
+        if field is None:
             return _rfc3339(entity.updated_at)
-        value = entity.metadata.get(self._event_date_field)
+        value = entity.metadata.get(field)
         return value if isinstance(value, str) else None
 
     # --- counting ---------------------------------------------------------------------------

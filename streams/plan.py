@@ -12,7 +12,8 @@ The worker executes plans; `ragstream inspect-event` prints them. Policy (DESIGN
 | content column TOAST-unchanged | refetch (re-read the SoR; the placeholder is not text)  |
 | tombstone                      | skip (offset advances)                                  |
 | heartbeat, schema change       | skip (counted)                                          |
-| t (truncate), m (message)      | by policy: skip (default, counted) or dlq               |
+| t (truncate)                   | by policy: purge the table's chunks (default), skip, dlq|
+| m (message)                    | by policy: skip (default, counted) or dlq               |
 
 A primary-key change arrives as d (header `__debezium.newkey`) then c (header
 `__debezium.oldkey`); each half is planned on its own, so the old id is deleted and the new id
@@ -24,18 +25,21 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ragstream.errors import MappingError
+from ragstream.errors import ConfigError, MappingError
 from schemas.entities import ContentFormat, Entity, EntityVersion
 from schemas.events import ChangeEvent, Op, RecordKind, RecordPosition
 from streams.mapping import (
     RowView,
+    TableCatalog,
     TableMapping,
+    content_of,
+    metadata_of,
     parse_format,
-    parse_metadata,
     version_of,
 )
 
@@ -51,6 +55,7 @@ class Action(StrEnum):
     DELETE = "delete"
     SKIP = "skip"
     REFETCH = "refetch"
+    TRUNCATE = "truncate"  # remove the table's chunks indexed before the truncate
     DLQ = "dlq"
 
 
@@ -59,25 +64,53 @@ class PlanPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    truncate: Literal["skip", "dlq"] = "skip"
+    truncate: Literal["purge", "skip", "dlq"] = Field(
+        default="purge",
+        description=(
+            "purge: remove every chunk of the truncated table that was indexed before the "
+            "TRUNCATE (all tenants); skip: count it only; dlq: send it to the DLQ."
+        ),
+    )
     message: Literal["skip", "dlq"] = "skip"
 
 
 class PlanConfig(BaseModel):
-    """Table mappings (by table name, '*' for any other table) and the record policy."""
+    """The mapped SoR tables (one `TableMapping` each) and the record policy."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tables: dict[str, TableMapping] = Field(default_factory=lambda: {"*": TableMapping()})
+    tables: tuple[TableMapping, ...] = Field(
+        default=(TableMapping(),),
+        min_length=1,
+        description="One mapping per source table (JSON list; see streams/mapping.py).",
+    )
+    topic_prefix: str = Field(
+        default="sor", description="Debezium's topic.prefix: topics are <prefix>.<schema>.<table>."
+    )
     policy: PlanPolicy = Field(default_factory=PlanPolicy)
 
-    def mapping_for(self, table: str | None) -> TableMapping:
-        """The mapping of `table`, else the '*' mapping; MappingError when neither exists."""
-        if table is not None and table in self.tables:
-            return self.tables[table]
-        if "*" in self.tables:
-            return self.tables["*"]
-        raise MappingError(f"no mapping configured for table {table!r}")
+    @field_validator("tables", mode="before")
+    @classmethod
+    def _list_of_tables(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            raise ValueError(
+                "tables is a JSON list of table mappings, e.g. "
+                '[{"table": "public.tickets", "key_columns": ["id"], ...}]'
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _unique(self) -> PlanConfig:
+        try:
+            TableCatalog(self.tables, self.topic_prefix)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
+        return self
+
+    @cached_property
+    def catalog(self) -> TableCatalog:
+        """The tables, found by event source, topic or entity id."""
+        return TableCatalog(self.tables, self.topic_prefix)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,16 +126,9 @@ class Plan:
     version: EntityVersion | None = None
     entity: Entity | None = None  # set for UPSERT
     previous_tenant_id: str | None = None  # the row moved from this tenant (delete it there)
+    table: str | None = None  # the mapped table's name (`TableMapping.label`)
     source_ts_ms: int | None = None  # SoR commit time, for freshness
     detail: str = ""
-
-
-def table_of(event: ChangeEvent) -> str | None:
-    """The source table: `source.table`, else the last segment of `<prefix>.<schema>.<table>`."""
-    if event.source is not None and event.source.table:
-        return event.source.table
-    parts = event.position.topic.rsplit(".", 1)
-    return parts[-1] if len(parts) == 2 else None
 
 
 def plan_event(event: ChangeEvent, config: PlanConfig, hasher: ContentHasher) -> Plan:
@@ -119,23 +145,43 @@ def plan_event(event: ChangeEvent, config: PlanConfig, hasher: ContentHasher) ->
     if event.kind is RecordKind.SCHEMA_CHANGE:
         return Plan(Action.SKIP, "schema_change", detail="schema history record", **base)
     if event.kind is RecordKind.TRUNCATE:
-        action = Action.SKIP if config.policy.truncate == "skip" else Action.DLQ
-        return Plan(
-            action,
-            "truncate",
-            detail="table truncated: run `ragstream reconcile` to remove the rows' chunks",
-            **base,
-        )
+        return _plan_truncate(event, config, base)
     if event.kind is RecordKind.MESSAGE:
         action = Action.SKIP if config.policy.message == "skip" else Action.DLQ
         return Plan(action, "logical_message", detail=f"prefix {event.message_prefix!r}", **base)
     return _plan_change(event, config, hasher, base)
 
 
+def _mapping(event: ChangeEvent, config: PlanConfig) -> TableMapping:
+    source = event.source
+    return config.catalog.for_source(
+        source.schema if source is not None else None,
+        source.table if source is not None else None,
+        event.position.topic,
+    )
+
+
+def _plan_truncate(event: ChangeEvent, config: PlanConfig, base: dict[str, Any]) -> Plan:
+    if config.policy.truncate != "purge":
+        action = Action.SKIP if config.policy.truncate == "skip" else Action.DLQ
+        return Plan(action, "truncate", detail="table truncated (policy: keep its chunks)", **base)
+    mapping = _mapping(event, config)
+    lsn = event.source.lsn if event.source is not None else None
+    return Plan(
+        Action.TRUNCATE,
+        "truncate",
+        table=mapping.label,
+        version=EntityVersion(updated_at_us=None, lsn=lsn, snapshot=False),
+        detail=f"{mapping.table} truncated: its chunks indexed before LSN {lsn} are removed",
+        **base,
+    )
+
+
 def _plan_change(
     event: ChangeEvent, config: PlanConfig, hasher: ContentHasher, base: dict[str, Any]
 ) -> Plan:
-    mapping = config.mapping_for(table_of(event))
+    mapping = _mapping(event, config)
+    base = {**base, "table": mapping.label}
     where = f"{event.position.topic}[{event.position.partition}]@{event.position.offset}"
     lsn = event.source.lsn if event.source is not None else None
     if event.op is Op.DELETE:
@@ -143,8 +189,8 @@ def _plan_change(
     if event.after is None:
         raise MappingError(f"{where}: op {event.op} without an `after` row")
     row = RowView(event.after, where)
-    entity_id = row.required_text(mapping.id_column)
-    tenant_id = row.required_text(mapping.tenant_column)
+    entity_id = mapping.row_entity_id(row)
+    tenant_id = mapping.row_tenant(row)
     version = version_of(row, mapping, lsn=lsn, snapshot=event.is_snapshot)
     previous_tenant = _previous_tenant(event, mapping, tenant_id, where)
     common = {
@@ -191,15 +237,15 @@ def _plan_delete(
     # the id then comes from the Kafka key, and the tenant may be unknown (the worker then
     # deletes the entity id in whichever tenant holds it; ids are the table's primary key).
     source: Mapping[str, Any] | None = event.before
-    if source is None or mapping.id_column not in source:
+    if source is None or not all(c in source for c in mapping.key_columns):
         source = event.key
     if source is None:
         raise MappingError(f"{where}: delete without `before` and without a key")
     row = RowView(source, where)
-    entity_id = row.required_text(mapping.id_column)
-    tenant_id = row.optional_text(mapping.tenant_column)
+    entity_id = mapping.row_entity_id(row)
+    tenant_id = mapping.row_tenant_if_known(row)
     if tenant_id is None and event.key is not None and event.before is not None:
-        tenant_id = RowView(event.key, where).optional_text(mapping.tenant_column)
+        tenant_id = mapping.row_tenant_if_known(RowView(event.key, where))
     version = EntityVersion(updated_at_us=None, lsn=lsn, snapshot=False)
     if event.before is not None:
         version = version_of(RowView(event.before, where), mapping, lsn=lsn, snapshot=False)
@@ -217,7 +263,7 @@ def _plan_delete(
 def _previous_tenant(
     event: ChangeEvent, mapping: TableMapping, tenant_id: str, where: str
 ) -> str | None:
-    if event.op is not Op.UPDATE or event.before is None:
+    if event.op is not Op.UPDATE or event.before is None or mapping.tenant_column is None:
         return None
     before_tenant = RowView(event.before, where).optional_text(mapping.tenant_column)
     return before_tenant if before_tenant is not None and before_tenant != tenant_id else None
@@ -234,21 +280,20 @@ def build_entity(
     where: str,
 ) -> Entity:
     """Build the entity of a live row (also used by SoR readers that re-read a row)."""
-    parts = [row.optional_text(c) for c in mapping.content_columns]
-    content = "\n\n".join(p for p in parts if p)
+    content = content_of(row, mapping)
     if len(content) > mapping.max_content_chars:
         raise MappingError(
             f"{where}: content is {len(content)} characters, over the limit of "
             f"{mapping.max_content_chars}"
         )
-    metadata = parse_metadata(row.value(mapping.metadata_column), where)
+    metadata = metadata_of(row, mapping)
     fmt_value: object = row.value(mapping.format_column) if mapping.format_column else None
     if fmt_value is None and mapping.format_metadata_key is not None:
         fmt_value = metadata.get(mapping.format_metadata_key)
     fmt = parse_format(fmt_value, mapping.default_format, where)
     declared_hash = row.optional_text(mapping.content_hash_column)
     content_hash = declared_hash.strip().lower() if declared_hash else hasher(content, fmt)
-    entity_type = row.optional_text(mapping.type_column) or mapping.default_entity_type
+    entity_type = row.optional_text(mapping.type_column) or mapping.entity_type_default
     return Entity(
         tenant_id=tenant_id,
         entity_id=entity_id,

@@ -2,9 +2,12 @@
 (and with `--repair`, fix) the drift: entities missing from the index, ghosts the SoR no longer
 has, and stale or incomplete ones (another content hash, or a partial chunk set).
 
-The comparison streams both sides once (a keyset scan of the SoR's live rows, a scroll of the
-index's points), so its cost is linear in rows + points. Repairs go through the worker's normal
-write path: each drifted entity is re-read from the SoR and upserted, or deleted when gone.
+The comparison streams both sides once (a keyset scan of each mapped table's live rows, a scroll
+of the index's points), so its cost is linear in rows + points, and it is made table by table.
+Repairs go through the worker's normal write path: each drifted entity is re-read from the SoR
+and upserted, or deleted when gone. Reconcile never repairs what it cannot see: indexed entities
+of a table that is not mapped (`unmapped`) or that the SoR reader cannot read (`unreadable`)
+are reported and left alone.
 """
 
 from __future__ import annotations
@@ -16,12 +19,30 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from ragstream.sor.base import SystemOfRecord
+from ragstream.errors import SorTableError
+from ragstream.sor.base import SystemOfRecord, tables_of
 from ragstream.store.base import CHUNK_ID, ENTITY_ID, SOURCE_HASH, StoreFilter, VectorStore
 from ragstream.store.registry import IndexRegistry
 from streams.ingest import CHUNK_COUNT, IngestHandler
+from streams.mapping import table_of_entity
 
+#: Drift that repair fixes (re-read from the SoR).
 DRIFT_KINDS = ("missing", "extra", "stale")
+#: Indexed entities reconcile cannot judge: their table is not mapped, or cannot be read.
+BLIND_KINDS = ("unmapped", "unreadable")
+
+
+@dataclass
+class TableCounts:
+    """One table's share of a reconciliation."""
+
+    sor_entities: int = 0
+    indexed_entities: int = 0
+    missing: int = 0
+    extra: int = 0
+    stale: int = 0
+    #: why the SoR reader could not read the table (its entities were left alone)
+    error: str | None = None
 
 
 @dataclass
@@ -36,6 +57,11 @@ class ReconcileReport:
     missing: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)
+    #: indexed entities of tables that are not mapped (never repaired)
+    unmapped: list[str] = field(default_factory=list)
+    #: indexed entities of mapped tables the SoR reader cannot read (never repaired)
+    unreadable: list[str] = field(default_factory=list)
+    tables: dict[str, TableCounts] = field(default_factory=dict)
     sor_seconds: float = 0.0
     index_seconds: float = 0.0
     repaired: int = 0
@@ -43,13 +69,18 @@ class ReconcileReport:
 
     @property
     def drift(self) -> int:
-        """Entities out of step with the SoR."""
+        """Entities out of step with the SoR (what repair fixes)."""
         return len(self.missing) + len(self.extra) + len(self.stale)
+
+    @property
+    def blind(self) -> int:
+        """Indexed entities reconcile could not judge (unmapped or unreadable tables)."""
+        return len(self.unmapped) + len(self.unreadable)
 
     def to_dict(self, *, sample: int = 20) -> dict[str, Any]:
         """JSON form with counts and the first `sample` ids of each kind."""
         doc = asdict(self)
-        for kind in DRIFT_KINDS:
+        for kind in (*DRIFT_KINDS, *BLIND_KINDS):
             ids = doc.pop(kind)
             doc[kind] = {"count": len(ids), "ids": sorted(ids)[:sample]}
         doc["drift"] = self.drift
@@ -78,7 +109,7 @@ class ReconcileMetrics:
 
     def record_all(self, reports: Sequence[ReconcileReport]) -> None:
         """Export the counts of one run over several tenants (summed per kind)."""
-        for kind in DRIFT_KINDS:
+        for kind in (*DRIFT_KINDS, *BLIND_KINDS):
             self.drift.labels(kind).set(sum(len(getattr(r, kind)) for r in reports))
         self.last_run.set(time.time())
 
@@ -93,10 +124,13 @@ def reconcile(
     repair: bool = False,
     batch: int = 1000,
     version: int | None = None,
+    table: str | None = None,
 ) -> ReconcileReport:
-    """Compare the tenant's SoR rows with an index version (default: the active one); repair
-    through `handler`, which must write to that version (the worker's handler writes to the
-    active and building versions; the reindex job's handler to the version it builds)."""
+    """Compare the tenant's SoR rows with an index version (default: the active one), table by
+    table (or only `table`, a mapped table's name); repair through `handler`, which must write
+    to that version (the worker's handler writes to the active and building versions; the
+    reindex job's handler to the version it builds)."""
+    mappings = tables_of(sor.catalog, table)
     if version is None:
         version = registry.active_version(tenant)
     if version is None:
@@ -109,26 +143,52 @@ def reconcile(
         started = time.perf_counter()
         indexed, points = _indexed(store, index, tenant, batch)
         index_s = time.perf_counter() - started
-    started = time.perf_counter()
-    sor_hashes = {e.entity_id: e.content_hash for e in sor.scan(tenant, batch=batch)}
-    sor_s = time.perf_counter() - started
     report = ReconcileReport(
         tenant=tenant,
         index=index,
-        sor_entities=len(sor_hashes),
-        indexed_entities=len(indexed),
+        sor_entities=0,
+        indexed_entities=0,
         points_scanned=points,
-        sor_seconds=round(sor_s, 3),
         index_seconds=round(index_s, 3),
     )
-    for entity_id, digest in sor_hashes.items():
-        found = indexed.get(entity_id)
-        if found is None:
-            report.missing.append(entity_id)
+    by_table: dict[str, list[str]] = {}
+    for entity_id in indexed:
+        label = table_of_entity(entity_id)
+        if table is None or label == table:
+            by_table.setdefault(label, []).append(entity_id)
+    started = time.perf_counter()
+    for mapping in mappings:
+        counts = report.tables.setdefault(mapping.label, TableCounts())
+        ids = by_table.pop(mapping.label, [])
+        counts.indexed_entities = len(ids)
+        try:
+            sor_hashes = {
+                e.entity_id: e.content_hash
+                for e in sor.scan(tenant, batch=batch, table=mapping.label)
+            }
+        except SorTableError as exc:
+            counts.error = str(exc)
+            report.unreadable.extend(ids)
             continue
-        if _state(*found) != digest:
-            report.stale.append(entity_id)
-    report.extra = [e for e in indexed if e not in sor_hashes]
+        counts.sor_entities = len(sor_hashes)
+        report.sor_entities += len(sor_hashes)
+        for entity_id, digest in sor_hashes.items():
+            found = indexed.get(entity_id)
+            if found is None:
+                report.missing.append(entity_id)
+                counts.missing += 1
+            elif _state(*found) != digest:
+                report.stale.append(entity_id)
+                counts.stale += 1
+        extra = [e for e in ids if e not in sor_hashes]
+        report.extra.extend(extra)
+        counts.extra = len(extra)
+    for ids in by_table.values():
+        report.unmapped.extend(ids)
+    report.indexed_entities = sum(c.indexed_entities for c in report.tables.values()) + len(
+        report.unmapped
+    )
+    report.sor_seconds = round(time.perf_counter() - started, 3)
     if repair and report.drift:
         if handler is None:
             raise ValueError("repair needs the ingest handler")

@@ -22,6 +22,7 @@ from tests.conftest import REPO_ROOT
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DOG = "what is the name of the office dog?"
+CURRENCY = "our invoice came in dollars instead of euros"
 
 
 class DevProcess:
@@ -97,11 +98,34 @@ def test_dev_stack_serves_reflects_changes_within_seconds_and_stops_cleanly(
     try:
         dev.wait_up()
         out = dev.output()
-        assert "loaded 20 sample documents" in out
+        assert "loaded 20 sample rows into table entities" in out
+        assert "loaded 20 sample rows into table tickets" in out
         assert "SUCCESS  tenant=acme" in out  # the example queries ran
         pack = dev.query("acme", "If a customer cancels a yearly plan, do they get money back?")
         assert pack["status"] == "RETRIEVAL_STATUS_SUCCESS"
-        assert entity_ids(pack)[0] == "acme-kb-refund-policy"
+        assert entity_ids(pack)[0] == "entities:acme-kb-refund-policy"
+
+        # the second table: a ticket written through the CLI is found, as a ticket
+        dev.cli(
+            "sor",
+            "put",
+            "--table",
+            "tickets",
+            "--tenant",
+            "acme",
+            "--id",
+            "acme-ticket-9001",
+            "--title",
+            "Invoice shows the wrong currency",
+            "--text",
+            "Our March invoice was issued in US dollars although our contract is in euros.",
+            "--set",
+            "priority=high",
+        )
+        ticket = "tickets:acme-ticket-9001"
+        wait_for(lambda: ticket in entity_ids(dev.query("acme", CURRENCY))[:1])
+        top = dev.query("acme", CURRENCY)["results"][0]
+        assert (top["entity_type"], top["title"]) == ("TICKET", "Invoice shows the wrong currency")
 
         dev.cli(
             "sor",
@@ -113,12 +137,13 @@ def test_dev_stack_serves_reflects_changes_within_seconds_and_stops_cleanly(
             "--text",
             "Our office dog is called Rex. He is a golden retriever who visits on Fridays.",
         )
-        took = wait_for(lambda: "office-dog" in entity_ids(dev.query("acme", DOG))[:1])
+        dog = "entities:office-dog"
+        took = wait_for(lambda: dog in entity_ids(dev.query("acme", DOG))[:1])
         assert took < 15, f"the update took {took:.1f}s to become searchable"
-        assert "office-dog" not in entity_ids(dev.query("globex", DOG))
+        assert dog not in entity_ids(dev.query("globex", DOG))
 
         dev.cli("sor", "delete", "--id", "office-dog")
-        wait_for(lambda: "office-dog" not in entity_ids(dev.query("acme", DOG)))
+        wait_for(lambda: dog not in entity_ids(dev.query("acme", DOG)))
 
         with urllib.request.urlopen(f"http://127.0.0.1:{dev.metrics}/metrics", timeout=10) as r:
             metrics = r.read().decode()
@@ -143,7 +168,7 @@ def test_dev_stack_serves_reflects_changes_within_seconds_and_stops_cleanly(
     again = DevProcess(tmp_path / "data")  # restart on the same data directory
     try:
         again.wait_up()
-        assert "sample documents" not in again.output()  # the SoR was kept, not reloaded
+        assert "sample rows" not in again.output()  # the SoR was kept, not reloaded
         assert entity_ids(again.query("acme", "refund after cancelling a yearly plan"))
         assert again.stop() == 0
     finally:

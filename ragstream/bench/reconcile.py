@@ -83,6 +83,7 @@ from streams.ingest import (
     VERSION_UPDATED_AT,
     rfc3339,
 )
+from streams.mapping import TableCatalog, TableMapping
 from streams.normalize import NormalizeOptions, content_sha256, normalize
 from streams.plan import PlanConfig
 from streams.reconcile import reconcile
@@ -94,6 +95,8 @@ log = logging.getLogger(__name__)
 TENANT = "bench"
 ENTITY_TYPES = ("KNOWLEDGE_ARTIFACT", "ticket", "runbook", "faq")
 SOR_TABLE = "entities"
+#: Both SoR variants (table and view) map as the `entities` table: the same entity ids.
+SOR_MAPPING = TableMapping(name="entities")
 #: The same rows with a NULL content hash: the SoR reader hashes the content itself.
 SOR_VIEW = "entities_unhashed"
 #: The payload keys `streams.reconcile._indexed` selects.
@@ -276,7 +279,8 @@ def _build(
                 rows: list[tuple[Any, ...]] = []
                 while made < points and len(batch) < upsert_batch:
                     n_chunks = min(chunks_per_entity, points - made)
-                    entity_id = f"doc-{entities:08d}"
+                    key = f"doc-{entities:08d}"
+                    entity_id = SOR_MAPPING.entity_id([key])
                     chunks = [texts.chunk(*text_chars) for _ in range(n_chunks)]
                     content = "\n\n".join(text for text, _ in chunks)
                     digest = content_sha256(content)
@@ -337,7 +341,7 @@ def _build(
                         text_chars_total += len(text)
                     rows.append(
                         (
-                            entity_id,
+                            key,
                             TENANT,
                             entity_type,
                             title,
@@ -457,7 +461,12 @@ def _measure_variant(
         )
         stack.callback(store.close)
         table = SOR_TABLE if variant.sor_hash == "column" else SOR_VIEW
-        sor = SqliteSor(Path(root) / "sor.sqlite", table=table, hasher=content_hash)
+        mapping = SOR_MAPPING.model_copy(update={"table": f"public.{table}"})
+        sor = SqliteSor(
+            Path(root) / "sor.sqlite",
+            catalog=TableCatalog([mapping], "sor"),
+            hasher=content_hash,
+        )
         stack.callback(sor.close)
         registry = FileIndexRegistry(Path(root) / "store", store)
         version_ = registry.active_version(TENANT)

@@ -92,6 +92,7 @@ from streams.ingest import (
     VERSION_UPDATED_AT,
     rfc3339,
 )
+from streams.mapping import TableCatalog, TableMapping
 from streams.plan import PlanConfig
 
 __all__ = ["GOAL_P95_MS", "run"]
@@ -140,8 +141,14 @@ class _NoVerification:
     between the variants is the cost of the SoR round trip. Nothing else is supported.
     """
 
-    def __init__(self, hashes: Mapping[str, str]) -> None:
+    def __init__(self, hashes: Mapping[str, str], catalog: TableCatalog) -> None:
         self._hashes = hashes
+        self._catalog = catalog
+
+    @property
+    def catalog(self) -> TableCatalog:
+        """The mapped tables (Retrieve's own)."""
+        return self._catalog
 
     def verify(self, tenant_id: str, entity_ids: Sequence[str]) -> dict[str, SorVerdict]:
         """Every id exists, is not deleted and carries the indexed content hash."""
@@ -154,11 +161,11 @@ class _NoVerification:
         """Not part of Retrieve: no entities."""
         return {}
 
-    def scan(self, tenant_id: str, batch: int = 500) -> Iterator[Entity]:
+    def scan(self, tenant_id: str, batch: int = 500, table: str | None = None) -> Iterator[Entity]:
         """Not part of Retrieve: no entities."""
         return iter(())
 
-    def count(self, tenant_id: str) -> int:
+    def count(self, tenant_id: str, table: str | None = None) -> int:
         """Not part of Retrieve: no entities."""
         return 0
 
@@ -271,7 +278,8 @@ class _Builder:
         start = int(self.rng.integers(last_start + 1))
         chunks = [self.chunk(start + j * WINDOW // 2) for j in range(n_chunks)]
         texts = [text for text, _ in chunks]
-        entity_id = f"doc-{number:07d}"
+        key = f"doc-{number:07d}"
+        entity_id = TableMapping().entity_id([key])
         content = "\n\n".join(texts)
         content_hash = hashlib.sha256(content.encode("utf-8")).hexdigest()
         self.hashes[entity_id] = content_hash
@@ -325,7 +333,7 @@ class _Builder:
             self.words += len(text.split())
             self.chunks += 1
         row = (
-            entity_id,
+            key,
             TENANT,
             entity_type,
             title,
@@ -542,7 +550,7 @@ def _measure_variants(
     with ExitStack() as stack:
         stubs: dict[str, Any] = {}
         for name, verification in _VARIANTS:
-            sor = None if verification else _NoVerification(hashes)
+            sor = None if verification else _NoVerification(hashes, settings.plan.catalog)
             app = build_app(settings, CollectorRegistry(), store=store, embedder=embedder, sor=sor)
             target = stack.enter_context(_serving(app))
             channel = stack.enter_context(grpc.insecure_channel(target))
@@ -636,7 +644,7 @@ def run(
             grpc=GrpcSettings(port=0),
             auth=AuthSettings(tokens={TENANT: hashlib.sha256(TOKEN.encode()).hexdigest()}),
             store=StoreSettings(data_dir=root / "store"),
-            sor=SorSettings(kind="sqlite", sqlite_path=root / "sor.sqlite", table="entities"),
+            sor=SorSettings(kind="sqlite", sqlite_path=root / "sor.sqlite"),
             plan=plan,
             publish_enabled=False,
             metrics_port=0,

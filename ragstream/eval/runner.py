@@ -45,6 +45,7 @@ from schemas.events import Op, RawRecord
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from streams.app import build_worker
+from streams.mapping import TableMapping
 
 
 def _threshold(hard: float) -> dict[str, Any]:
@@ -76,6 +77,16 @@ class ConfigResult:
     name: str
     overrides: Mapping[str, Any]
     result: EvalResult
+
+
+#: The eval set's entities are rows of the default `entities` table.
+EVAL_TABLE = TableMapping()
+
+
+def _eval_id(indexed: str) -> str:
+    """An entity or chunk id as the eval set names it: without the table part of the index's
+    ids (`entities:<id>`)."""
+    return indexed.removeprefix(f"{EVAL_TABLE.label}:")
 
 
 def _sqlite_sor(path: Path, evalset: EvalSet) -> None:
@@ -173,7 +184,7 @@ def run_eval(
             LocalEmbedderConfig(),
             cache=EmbeddingCacheConfig(path=root / "embedding-cache.sqlite"),
         )
-        sor = SorSettings(kind="sqlite", sqlite_path=sor_path, table="entities")
+        sor = SorSettings(kind="sqlite", sqlite_path=sor_path)
         store_settings = StoreSettings(data_dir=root / "store")
         try:
             worker = build_worker(
@@ -268,8 +279,8 @@ def _query_all(
                 QueryRun(
                     q.query_id,
                     status,
-                    entity_ids=tuple(r.entity_id for r in pack.results),
-                    chunk_ids=tuple(r.chunk_id for r in pack.results),
+                    entity_ids=tuple(_eval_id(r.entity_id) for r in pack.results),
+                    chunk_ids=tuple(_eval_id(r.chunk_id) for r in pack.results),
                     latency_ms=elapsed,
                 )
             )

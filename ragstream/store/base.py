@@ -39,10 +39,12 @@ CHUNK_ID = "chunk_id"
 ENTITY_ID = "source_entity_id"
 ENTITY_TYPE = "entity_type"
 SOURCE_HASH = "source_hash"
+#: The mapped SoR table an entity comes from (`TableMapping.label`; a TRUNCATE filters on it).
+SOURCE_TABLE = "source_table"
 EVENT_DATE = "event_date"
 
 #: Fields with a keyword index in every collection.
-CORE_KEYWORD_FIELDS: tuple[str, ...] = (TENANT_ID, ENTITY_ID, ENTITY_TYPE, CHUNK_ID)
+CORE_KEYWORD_FIELDS: tuple[str, ...] = (TENANT_ID, ENTITY_ID, ENTITY_TYPE, CHUNK_ID, SOURCE_TABLE)
 
 RangeKind = Literal["datetime", "float", "integer"]
 DenseVector: TypeAlias = NDArray[np.float32] | Sequence[float]

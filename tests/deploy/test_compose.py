@@ -417,15 +417,14 @@ def test_connector_emits_schemaless_json_for_key_and_value(connector: dict[str, 
 def test_connector_table_and_topic_match_what_the_worker_consumes(
     services: dict[str, dict[str, Any]], connector: dict[str, str]
 ) -> None:
-    from ragstream.settings import DecodeSettings, SorSettings
-    from streams.consumer import ConsumerConfig
+    from ragstream.settings import DecodeSettings
+    from streams.plan import PlanConfig
 
-    topic = f"{connector['topic.prefix']}.{connector['table.include.list']}"
-    assert topic in json.loads(env_of(services[INGEST])["RAGSTREAM_CONSUMER__TOPICS"])
-    assert topic in ConsumerConfig().topics
-    assert SorSettings().table == connector["table.include.list"]
-    for name in OUR_IMAGE_SERVICES:
-        assert env_of(services[name])["RAGSTREAM_SOR__TABLE"] == connector["table.include.list"]
+    plan = PlanConfig()  # compose maps the default table
+    assert [m.table for m in plan.tables] == connector["table.include.list"].split(",")
+    assert plan.topic_prefix == connector["topic.prefix"]
+    topics = plan.catalog.topics()
+    assert json.loads(env_of(services[INGEST])["RAGSTREAM_CONSUMER__TOPICS"]) == topics
     assert connector["topic.heartbeat.prefix"] == DecodeSettings().heartbeat_topic_prefix
 
 

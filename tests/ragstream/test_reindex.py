@@ -64,6 +64,8 @@ from tests.streams.support import (
     HashEmbedder,
     content,
     create_topics,
+    eid,
+    entities_plan,
     index_snapshot,
     wait_committed,
 )
@@ -236,8 +238,9 @@ def stack_factory(
             conn.execute(f'SET search_path TO "{schema}"'.encode())
             conn.execute(TABLE_SQL.read_text().encode())
         create_topics(kafka_broker.bootstrap_servers, topic, f"dlq.{suffix}", partitions=2)
-        sor = SorSettings(kind="postgres", dsn=SecretStr(postgres.dsn), table=f"{schema}.entities")
+        sor = SorSettings(kind="postgres", dsn=SecretStr(postgres.dsn))
         settings = IngestSettings(
+            plan=entities_plan(f"{schema}.entities", topic),
             kafka=KafkaSettings(bootstrap_servers=kafka_broker.bootstrap_servers),
             consumer=ConsumerConfig(
                 topics=(topic,),
@@ -437,7 +440,7 @@ def test_a_failing_parity_gate_leaves_the_old_version_active(stack_factory: Any)
     # the worker stopped writing the refused version once it was retired
     stack.source.put("ent-9999", "Pump valve calibration report for the new sensor.")
     stack.settle()
-    only = StoreFilter(tenant_id=TENANT, entity_ids=("ent-9999",))
+    only = StoreFilter(tenant_id=TENANT, entity_ids=(eid("ent-9999"),))
     assert stack.store.count("rag__acme__v1", only) >= 1
     assert stack.store.count("rag__acme__v2", only) == 0
 
@@ -458,8 +461,8 @@ class FlakySor:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def scan(self, tenant_id: str, batch: int = 500) -> Iterator[Entity]:
-        for n, entity in enumerate(self.inner.scan(tenant_id, batch)):
+    def scan(self, tenant_id: str, batch: int = 500, table: str | None = None) -> Iterator[Entity]:
+        for n, entity in enumerate(self.inner.scan(tenant_id, batch, table)):
             if not self.failed and n == self.fail_after:
                 self.failed = True
                 raise ConnectionError("SoR connection lost mid-snapshot")
@@ -510,7 +513,7 @@ def test_reindex_on_the_qdrant_server_registry_swaps_the_alias(tmp_path: Path) -
     store = QdrantRemoteStore.local(schema=payload_schema(PlanConfig()))
     settings = IngestSettings(
         kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),  # never contacted
-        sor=SorSettings(kind="sqlite", sqlite_path=sor_path, table="entities"),
+        sor=SorSettings(kind="sqlite", sqlite_path=sor_path),
         embedding_cache=None,
     )
     worker = build_worker(

@@ -71,7 +71,6 @@ def test_reindex_builds_switches_and_retires_and_index_lists_the_versions(tmp_pa
             "RAGSTREAM_NEXT_EMBEDDER": embedder(stub, "hash-b"),
             "RAGSTREAM_SOR__KIND": "sqlite",
             "RAGSTREAM_SOR__SQLITE_PATH": str(sor),
-            "RAGSTREAM_SOR__TABLE": "entities",
             "RAGSTREAM_STORE__DATA_DIR": str(tmp_path / "store"),
             "RAGSTREAM_EMBEDDING_CACHE__PATH": str(tmp_path / "cache.sqlite"),
         }

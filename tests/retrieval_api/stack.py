@@ -37,6 +37,7 @@ from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from streams.app import IngestWorker, build_worker
 from streams.prepare import Preparer
+from tests.streams.support import entities_plan
 
 SQL = Path(__file__).resolve().parents[2] / "schemas" / "sql" / "entities.postgres.sql"
 TOKENS = {"acme": "acme-secret-token", "globex": "globex-secret-token", "initech": "ini-token"}
@@ -78,11 +79,13 @@ class Stack:
         self.preparer = Preparer(embedder.spec)
         self.registry = CollectorRegistry()
         self.store = EdgeStore(data_dir)
-        sor = SorSettings(kind="postgres", dsn=SecretStr(dsn), table=f"public.{self.table}")
+        sor = SorSettings(kind="postgres", dsn=SecretStr(dsn))
+        plan = entities_plan(f"public.{self.table}")
         ingest = IngestSettings(
             kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),  # never contacted
             store=StoreSettings(data_dir=data_dir),
             sor=sor,
+            plan=plan,
             embedding_cache=None,
         )
         self.worker: IngestWorker = build_worker(
@@ -95,6 +98,7 @@ class Stack:
             ),
             store=StoreSettings(data_dir=data_dir),
             sor=sor,
+            plan=plan,
             publish_enabled=False,
             retrieval=retrieval.get("retrieval", RetrieveSettings().retrieval),
         )

@@ -244,6 +244,7 @@ class State:
     exists: bool = True
     deleted: bool = False
     content_hash: str | None = None
+    mapped: bool = True
 
 
 def test_verdicts_from_the_sor_state_of_each_entity() -> None:
@@ -255,11 +256,23 @@ def test_verdicts_from_the_sor_state_of_each_entity() -> None:
         "b": State(content_hash="changed"),
         "c": State(deleted=True, content_hash="hash-c"),
         "d": State(exists=False),
+        "e": State(exists=False, mapped=False),  # its SoR table cannot be read
     }
     assert verdicts_from_sor(ranking.survivors, states) == {
         "a:chunk:0": Verdict.OK,
         "b:chunk:2": Verdict.STALE,
         "c:chunk:0": Verdict.DELETED,
         "d:chunk:1": Verdict.MISSING,
-        "e:chunk:0": Verdict.MISSING,
+        "e:chunk:0": Verdict.UNVERIFIABLE,
     }
+    del states["e"]
+    assert verdicts_from_sor(ranking.survivors, states)["e:chunk:0"] is Verdict.MISSING
+
+
+def test_unverifiable_hits_are_excluded_and_never_asked_to_be_reindexed() -> None:
+    pack = pack_for({**ALL_OK, "a:chunk:0": Verdict.UNVERIFIABLE})
+    assert "a:chunk:0" not in [r.chunk_id for r in pack.results]
+    assert [(x.chunk_id, x.reason) for x in pack.excluded] == [
+        ("a:chunk:0", pb.EXCLUSION_REASON_UNVERIFIABLE)
+    ]
+    assert reindex_requests(pack) == []

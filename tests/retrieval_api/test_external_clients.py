@@ -59,7 +59,7 @@ def test_grpcurl_lists_the_service_calls_retrieve_and_health_and_sees_invalid_ar
     pack = json.loads(call.stdout)
     assert pack["status"] == "RETRIEVAL_STATUS_SUCCESS"
     top = pack["results"][0]
-    assert top.get("entityId", top.get("entity_id")) == "ent-pw", top
+    assert top.get("entityId", top.get("entity_id")) == "entities:ent-pw", top
 
     health = run_grpcurl(stack.target, "grpc.health.v1.Health/Check")
     assert json.loads(health.stdout) == {"status": "SERVING"}

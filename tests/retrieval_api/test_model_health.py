@@ -40,7 +40,7 @@ def serving(store: EdgeStore, sor: Path, *embedders: HashEmbedder) -> Iterator[i
     settings = RetrieveSettings(
         grpc=GrpcSettings(port=0),
         store=StoreSettings(data_dir=sor.parent / "store"),  # where the registry lives
-        sor=SorSettings(kind="sqlite", sqlite_path=sor, table="entities"),
+        sor=SorSettings(kind="sqlite", sqlite_path=sor),
         publish_enabled=False,
     )
     app = build_app(

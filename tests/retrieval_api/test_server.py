@@ -13,6 +13,7 @@ import pytest
 from schemas.entities import ContentFormat
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from tests.retrieval_api.stack import Stack, bearer
+from tests.streams.support import eid
 
 pytestmark = pytest.mark.integration
 
@@ -43,14 +44,14 @@ def test_provenance_chain_leads_from_result_to_the_same_sor_row(stack: Stack) ->
     assert pack.status == pb.RETRIEVAL_STATUS_SUCCESS
     top = pack.results[0]
     assert (top.entity_id, top.chunk_id, top.title) == (
-        "ent-refund",
-        "ent-refund:chunk:0",
+        eid("ent-refund"),
+        eid("ent-refund:chunk:0"),
         "Refund policy",
     )
     assert top.source_hash == sor_hash(stack, "ent-refund")
     assert top.locator.char_end > top.locator.char_start
     source = pack.sources[0]
-    assert (source.entity_id, source.source_hash) == ("ent-refund", top.source_hash)
+    assert (source.entity_id, source.source_hash) == (eid("ent-refund"), top.source_hash)
     assert source.retrieved_at.seconds > 0
     assert pack.embedding_model_version == "all-MiniLM-L6-v2@onnx-int8-1.0.0"
     assert pack.index_name == "rag__acme__v1" and pack.index_version == 1
@@ -69,12 +70,12 @@ def test_sor_update_after_indexing_excludes_the_stale_chunk_and_requests_reindex
     assert pack.status == pb.RETRIEVAL_STATUS_NO_EVIDENCE
     assert len(pack.sources) == 0
     assert [(e.entity_id, e.reason) for e in pack.excluded] == [
-        ("ent-b", pb.EXCLUSION_REASON_STALE)
+        (eid("ent-b"), pb.EXCLUSION_REASON_STALE)
     ]
     assert pack.debug.excluded_stale == 1
     requests = stack.publisher.on("ragstream.reindex-requests")
     assert [(r["tenant"], r["entity_id"], r["reason"]) for r in requests] == [
-        ("acme", "ent-b", "stale")
+        ("acme", eid("ent-b"), "stale")
     ]
 
 
@@ -85,14 +86,14 @@ def test_deleted_and_soft_deleted_entities_are_excluded_with_their_reason(stack:
     stack.delete("ent-b", ingest=False)  # the index has not caught up yet
     stack.soft_delete("ent-b2")
     pack = stack.retrieve("acme", "priming the centrifugal pump", top_k=3)
-    assert {"ent-b", "ent-b2"}.isdisjoint(r.entity_id for r in pack.results)
+    assert {eid("ent-b"), eid("ent-b2")}.isdisjoint(r.entity_id for r in pack.results)
     excluded = {(e.entity_id, e.reason) for e in pack.excluded}
-    assert ("ent-b", pb.EXCLUSION_REASON_MISSING) in excluded  # gone from the SoR
-    assert ("ent-b2", pb.EXCLUSION_REASON_DELETED) in excluded  # deleted_at set
+    assert (eid("ent-b"), pb.EXCLUSION_REASON_MISSING) in excluded  # gone from the SoR
+    assert (eid("ent-b2"), pb.EXCLUSION_REASON_DELETED) in excluded  # deleted_at set
     reasons = {
         r["entity_id"]: r["reason"] for r in stack.publisher.on("ragstream.reindex-requests")
     }
-    assert reasons == {"ent-b": "missing", "ent-b2": "deleted"}
+    assert reasons == {eid("ent-b"): "missing", eid("ent-b2"): "deleted"}
 
 
 def test_other_tenant_gets_nothing_even_with_a_matching_query_or_a_forged_tenant(
@@ -101,8 +102,8 @@ def test_other_tenant_gets_nothing_even_with_a_matching_query_or_a_forged_tenant
     stack.write("ent-c", "acme", VPN)
     stack.write("ent-g", "globex", PUMP)
     pack = stack.retrieve("globex", "VPN error E-1042 token expired")
-    assert all(r.entity_id != "ent-c" for r in pack.results)
-    assert all(e.entity_id != "ent-c" for e in pack.excluded)
+    assert all(r.entity_id != eid("ent-c") for r in pack.results)
+    assert all(e.entity_id != eid("ent-c") for e in pack.excluded)
     with pytest.raises(grpc.RpcError) as err:
         stack.retrieve("globex", "VPN error E-1042", tenant="acme")
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -132,7 +133,7 @@ def test_exact_identifier_is_found_through_the_sparse_branch(stack: Stack) -> No
     stack.write("ent-c", "acme", VPN)
     stack.write("ent-pump", "acme", PUMP)
     pack = stack.retrieve("acme", "E-1042")
-    assert pack.results and pack.results[0].entity_id == "ent-c"
+    assert pack.results and pack.results[0].entity_id == eid("ent-c")
 
 
 def test_unrelated_question_gets_no_evidence_not_a_fabricated_answer(stack: Stack) -> None:

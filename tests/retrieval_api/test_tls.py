@@ -27,6 +27,7 @@ from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from tests.retrieval_api.stack import Stack
+from tests.streams.support import entities_plan
 
 pytestmark = pytest.mark.integration
 
@@ -121,7 +122,8 @@ def served(
         ),
         auth=AuthSettings(mtls_tenants={"acme-service": "acme"}),
         store=StoreSettings(data_dir=tmp_path / "store"),
-        sor=SorSettings(kind="postgres", dsn=SecretStr(postgres.dsn), table=f"public.{table}"),
+        sor=SorSettings(kind="postgres", dsn=SecretStr(postgres.dsn)),
+        plan=entities_plan(f"public.{table}"),
         publish_enabled=False,
     )
     app = build_app(settings, CollectorRegistry(), store=stack.store, embedder=embedder)
@@ -154,7 +156,7 @@ def test_mtls_client_certificate_maps_to_its_tenant_and_plaintext_is_refused(
             pb.RetrieveRequest(query_text="how often are certificates rotated?"), timeout=30
         )
         assert pack.tenant == "acme"
-        assert [r.entity_id for r in pack.results] == ["ent-tls"]
+        assert [r.entity_id for r in pack.results] == ["entities:ent-tls"]
         with pytest.raises(grpc.RpcError) as err:  # the certificate's tenant is acme
             stub.Retrieve(pb.RetrieveRequest(query_text="rotation", tenant="globex"), timeout=30)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED

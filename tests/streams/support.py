@@ -32,6 +32,8 @@ from ragstream.sor.debezium_format import change_event, encode_key, encode_value
 from ragstream.store.base import StoreFilter, VectorStore
 from ragstream.store.registry import IndexRegistry
 from schemas.events import Op
+from streams.mapping import TableMapping
+from streams.plan import PlanConfig
 from streams.prepare import Preparer
 
 DIM = 64
@@ -369,14 +371,14 @@ class SorModel:
             digest = preparer.content_hash(row["content"], ContentFormat.TEXT)
             entity = Entity(
                 tenant_id=row["company_id"],
-                entity_id=row["id"],
+                entity_id=eid(row["id"]),
                 entity_type="KNOWLEDGE_ARTIFACT",
                 content=row["content"],
                 content_hash=digest,
             )
             chunks = preparer.chunks(entity)
             if chunks:
-                out.setdefault(row["company_id"], {})[row["id"]] = {
+                out.setdefault(row["company_id"], {})[entity.entity_id] = {
                     c.chunk_id: digest for c in chunks
                 }
         return out
@@ -405,3 +407,15 @@ def iter_chunks(snapshot: dict[str, dict[str, dict[str, str]]]) -> Iterator[str]
     for entities in snapshot.values():
         for chunks in entities.values():
             yield from chunks
+
+
+def entities_plan(table: str, topic: str | None = None) -> PlanConfig:
+    """The default `entities` mapping for a copy of the table elsewhere (a schema or a table
+    name per test): entity ids stay `entities:<id>`; `topic` when the test's topic differs
+    from Debezium's naming."""
+    return PlanConfig(tables=(TableMapping(table=table, name="entities", topic=topic),))
+
+
+def eid(key: str) -> str:
+    """The entity id of a row of the `entities` table."""
+    return f"entities:{key}"

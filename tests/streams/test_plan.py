@@ -77,7 +77,7 @@ def plan(event: ChangeEvent, config: PlanConfig | None = None) -> Any:
 def test_create_builds_entity_with_computed_hash_and_markdown_format() -> None:
     p = plan(change(Op.CREATE, after=row()))
     assert p.action is Action.UPSERT and p.reason == "upsert"
-    assert (p.tenant_id, p.entity_id) == ("acme", "ent-1")
+    assert (p.tenant_id, p.entity_id, p.table) == ("acme", "entities:ent-1", "entities")
     assert p.entity is not None
     assert p.entity.content_format is ContentFormat.MARKDOWN
     assert p.entity.metadata == {"format": "markdown", "team": "support"}
@@ -99,7 +99,7 @@ def test_soft_delete_plans_a_delete() -> None:
     assert (p.action, p.reason, p.entity_id, p.tenant_id) == (
         Action.DELETE,
         "soft_delete",
-        "ent-1",
+        "entities:ent-1",
         "acme",
     )
 
@@ -107,7 +107,7 @@ def test_soft_delete_plans_a_delete() -> None:
 @pytest.mark.unit
 def test_delete_without_before_takes_id_from_key_and_leaves_tenant_unknown() -> None:
     p = plan(change(Op.DELETE, before=None, key={"id": "ent-9"}))
-    assert (p.action, p.entity_id, p.tenant_id) == (Action.DELETE, "ent-9", None)
+    assert (p.action, p.entity_id, p.tenant_id) == (Action.DELETE, "entities:ent-9", None)
 
 
 @pytest.mark.unit
@@ -177,7 +177,7 @@ def test_row_without_tenant_column_is_a_mapping_error() -> None:
 
 @pytest.mark.unit
 def test_oversized_content_is_a_mapping_error() -> None:
-    config = PlanConfig(tables={"*": TableMapping(max_content_chars=10)})
+    config = PlanConfig(tables=(TableMapping(max_content_chars=10),))
     with pytest.raises(MappingError, match="over the limit"):
         plan(change(Op.CREATE, after=row()), config)
 
@@ -189,7 +189,6 @@ def test_oversized_content_is_a_mapping_error() -> None:
         (RecordKind.TOMBSTONE, "tombstone"),
         (RecordKind.HEARTBEAT, "heartbeat"),
         (RecordKind.SCHEMA_CHANGE, "schema_change"),
-        (RecordKind.TRUNCATE, "truncate"),
         (RecordKind.MESSAGE, "logical_message"),
     ],
 )
@@ -206,47 +205,188 @@ def test_truncate_and_message_policy_can_route_to_dlq() -> None:
 
 
 @pytest.mark.unit
-def test_custom_table_mapping_is_chosen_by_source_table() -> None:
-    tickets = TableMapping(
-        tenant_column="org",
-        id_column="ticket_id",
-        type_column=None,
-        default_entity_type="TICKET",
-        title_column="subject",
-        content_columns=("subject", "body"),
-        metadata_column=None,
-        content_hash_column=None,
-        deleted_at_column=None,
+def test_truncate_purges_the_table_up_to_its_lsn_by_default() -> None:
+    event = ChangeEvent(
+        kind=RecordKind.TRUNCATE,
+        position=POS,
+        op=Op.TRUNCATE,
+        source=SourceInfo(schema="public", table="entities", lsn=900),
     )
-    config = PlanConfig(tables={"entities": TableMapping(), "tickets": tickets})
+    p = plan(event)
+    assert (p.action, p.table, p.entity_id) == (Action.TRUNCATE, "entities", None)
+    assert p.version is not None and p.version.lsn == 900
+    skipped = plan(event, PlanConfig(policy=PlanPolicy(truncate="skip")))
+    assert skipped.action is Action.SKIP
+
+
+@pytest.mark.unit
+def test_truncate_of_an_unmapped_table_is_a_mapping_error() -> None:
+    event = ChangeEvent(
+        kind=RecordKind.TRUNCATE,
+        position=RecordPosition("sor.public.other", 0, 1),
+        op=Op.TRUNCATE,
+        source=SourceInfo(schema="public", table="other", lsn=900),
+    )
+    with pytest.raises(MappingError, match=r"no table mapping for public\.other"):
+        plan(event)
+
+
+TICKETS = TableMapping(
+    table="support.tickets",
+    tenant_column="org",
+    key_columns=("ticket_id",),
+    type_column=None,
+    default_entity_type="TICKET",
+    title_column="subject",
+    content_columns=("subject", "body"),
+    metadata_column=None,
+    metadata_columns=("status",),
+    content_hash_column=None,
+    deleted_at_column=None,
+)
+
+
+@pytest.mark.unit
+def test_custom_table_mapping_is_chosen_by_source_table() -> None:
+    config = PlanConfig(tables=(TableMapping(), TICKETS))
     event = ChangeEvent(
         kind=RecordKind.CHANGE,
-        position=RecordPosition("sor.public.tickets", 1, 3),
+        position=RecordPosition("sor.support.tickets", 1, 3),
         op=Op.CREATE,
-        after={"ticket_id": 77, "org": "globex", "subject": "Printer", "body": "It jams."},
-        source=SourceInfo(table="tickets"),
+        after={
+            "ticket_id": 77,
+            "org": "globex",
+            "subject": "Printer",
+            "body": "It jams.",
+            "status": "open",
+        },
+        source=SourceInfo(schema="support", table="tickets"),
     )
     p = plan(event, config)
     assert p.entity is not None
     assert (p.entity.entity_id, p.entity.tenant_id, p.entity.entity_type) == (
-        "77",
+        "tickets:77",
         "globex",
         "TICKET",
     )
     assert p.entity.content == "Printer\n\nIt jams."
+    assert p.entity.metadata == {"status": "open"}
 
 
 @pytest.mark.unit
-def test_unknown_table_without_wildcard_mapping_is_a_mapping_error() -> None:
-    config = PlanConfig(tables={"entities": TableMapping()})
+def test_table_is_found_by_topic_when_the_event_has_no_source() -> None:
+    config = PlanConfig(tables=(TableMapping(), TICKETS), topic_prefix="crm")
+    event = ChangeEvent(
+        kind=RecordKind.CHANGE,
+        position=RecordPosition("crm.support.tickets", 0, 0),
+        op=Op.CREATE,
+        after={"ticket_id": "T-1", "org": "acme", "subject": "S", "body": "B"},
+    )
+    assert plan(event, config).entity_id == "tickets:T-1"
+
+
+@pytest.mark.unit
+def test_same_key_in_two_tables_gives_two_entities() -> None:
+    articles = TableMapping(table="public.articles")
+    config = PlanConfig(tables=(TableMapping(), articles))
+    ids = set()
+    for table in ("entities", "articles"):
+        event = ChangeEvent(
+            kind=RecordKind.CHANGE,
+            position=RecordPosition(f"sor.public.{table}", 0, 0),
+            op=Op.CREATE,
+            after=row(),
+            source=SourceInfo(schema="public", table=table),
+        )
+        ids.add(plan(event, config).entity_id)
+    assert ids == {"entities:ent-1", "articles:ent-1"}
+
+
+@pytest.mark.unit
+def test_composite_key_constant_tenant_json_content_and_template() -> None:
+    specs = TableMapping(
+        table="catalog.part_specs",
+        name="specs",
+        key_columns=("part_no", "revision"),
+        tenant_column=None,
+        tenant="globex",
+        type_column=None,
+        title_column="part_no",
+        content_columns=("summary", "spec"),
+        content_template="Part {summary}\n{spec}",
+        json_columns=("spec",),
+        metadata_column=None,
+        content_hash_column=None,
+        created_at_column=None,
+        updated_at_column=None,
+        deleted_at_column=None,
+    )
+    config = PlanConfig(tables=(specs,))
+    after = {
+        "part_no": "GX-300,A",  # a comma in a key value stays unambiguous
+        "revision": 2,
+        "summary": "seal kit",
+        "spec": '{"material": "duplex", "sizes": [10, 12], "limits": {"bar": 16}}',
+    }
+    event = ChangeEvent(
+        kind=RecordKind.CHANGE,
+        position=RecordPosition("sor.catalog.part_specs", 0, 0),
+        op=Op.CREATE,
+        after=after,
+        source=SourceInfo(schema="catalog", table="part_specs"),
+    )
+    p = plan(event, config)
+    assert p.entity is not None
+    assert p.entity.entity_id == "specs:GX-300%2CA,2"
+    assert specs.key_of(p.entity.entity_id) == ("GX-300,A", "2")
+    assert (p.entity.tenant_id, p.entity.entity_type) == ("globex", "SPECS")
+    assert p.entity.content == ("Part seal kit\nmaterial: duplex\nsizes: 10, 12\nlimits.bar: 16")
+    delete = ChangeEvent(
+        kind=RecordKind.CHANGE,
+        position=event.position,
+        op=Op.DELETE,
+        key={"part_no": "GX-300,A", "revision": 2},
+        source=event.source,
+    )
+    d = plan(delete, config)
+    assert (d.action, d.entity_id, d.tenant_id) == (Action.DELETE, p.entity.entity_id, "globex")
+
+
+@pytest.mark.unit
+def test_unknown_table_is_a_mapping_error_naming_it() -> None:
+    config = PlanConfig(tables=(TableMapping(),))
     event = ChangeEvent(
         kind=RecordKind.CHANGE,
         position=RecordPosition("sor.public.other", 0, 0),
         op=Op.CREATE,
         after=row(),
+        source=SourceInfo(schema="public", table="other"),
     )
-    with pytest.raises(MappingError, match="no mapping configured for table 'other'"):
+    with pytest.raises(MappingError, match=r"no table mapping for public\.other"):
         plan(event, config)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("tables", "message"),
+    [
+        ({"entities": {}}, "JSON list of table mappings"),
+        ([{}, {"table": "other.entities"}], "share the name 'entities'"),
+        ([{}, {"table": "public.entities", "name": "e2"}], "share the table"),
+        ([{"tenant_column": None}], "exactly one of tenant_column and tenant"),
+        ([{"content_template": "{body}"}], "not content_columns"),
+        ([{"key_columns": ["id; drop"]}], "not plain column names"),
+        ([{"id_column": "x", "key_columns": ["y"]}], "not both"),
+    ],
+)
+def test_bad_table_mappings_are_refused_with_the_reason(tables: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PlanConfig.model_validate({"tables": tables})
+
+
+@pytest.mark.unit
+def test_legacy_id_column_is_a_one_column_key() -> None:
+    assert TableMapping.model_validate({"id_column": "ticket_id"}).key_columns == ("ticket_id",)
 
 
 @pytest.mark.unit

@@ -26,7 +26,7 @@ from ragstream.store.edge import EdgeStore
 from schemas.events import Op, RawRecord
 from streams.app import IngestWorker, build_worker
 from streams.reconcile import ReconcileMetrics, reconcile
-from tests.streams.support import HashEmbedder, content, index_snapshot
+from tests.streams.support import HashEmbedder, content, eid, entities_plan, index_snapshot
 
 pytestmark = pytest.mark.integration
 
@@ -40,11 +40,12 @@ class Env:
         self.sql(f'CREATE SCHEMA "{self.schema}"')
         self.sql(SQL.read_text())
         self.store = EdgeStore(data_dir)
-        sor = SorSettings(kind="postgres", dsn=SecretStr(dsn), table=f"{self.schema}.entities")
+        sor = SorSettings(kind="postgres", dsn=SecretStr(dsn))
         settings = IngestSettings(
             kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),  # never contacted
             store=StoreSettings(data_dir=data_dir),
             sor=sor,
+            plan=entities_plan(f"{self.schema}.entities", "sor.public.entities"),
             embedding_cache=None,
         )
         self.worker: IngestWorker = build_worker(
@@ -100,19 +101,19 @@ def test_injected_drift_is_reported_exactly_and_repaired_through_the_write_path(
     assert clean.drift == 0 and clean.sor_entities == 6 and clean.indexed_entities == 6
 
     index = registry.manifest("acme", registry.active_version("acme") or 0).index_name
-    store.delete_by_entity(index, "acme", "ent-1")  # points lost behind the system's back
+    store.delete_by_entity(index, "acme", eid("ent-1"))  # points lost behind the system's back
     env.sql("UPDATE entities SET content = 'Changed without an event.' WHERE id = 'ent-2'")
     env.sql("DELETE FROM entities WHERE id = 'ent-3'")  # row gone, its delete event lost
-    refs = store.entity_chunks(index, "acme", "ent-4")
+    refs = store.entity_chunks(index, "acme", eid("ent-4"))
     assert len(refs) >= 3
-    store.delete_points(index, [refs["ent-4:chunk:1"].point_id])  # a partial chunk set
+    store.delete_points(index, [refs[eid("ent-4:chunk:1")].point_id])  # a partial chunk set
 
     metrics_registry = CollectorRegistry()
     found = reconcile("acme", sor=sor, store=store, registry=registry)
     ReconcileMetrics(metrics_registry).record(found)
-    assert found.missing == ["ent-1"]
-    assert sorted(found.stale) == ["ent-2", "ent-4"]
-    assert found.extra == ["ent-3"]
+    assert found.missing == [eid("ent-1")]
+    assert sorted(found.stale) == [eid("ent-2"), eid("ent-4")]
+    assert found.extra == [eid("ent-3")]
     gauge = metrics_registry.get_sample_value
     assert gauge("ragstream_reconcile_drift_entities", {"kind": "stale"}) == 2
 
@@ -124,8 +125,8 @@ def test_injected_drift_is_reported_exactly_and_repaired_through_the_write_path(
     after = reconcile("acme", sor=sor, store=store, registry=registry)
     assert after.drift == 0 and after.sor_entities == 5
     snapshot = index_snapshot(store, registry, ["acme"])["acme"]
-    assert "ent-3" not in snapshot and len(snapshot["ent-4"]) == len(refs)
-    only_2 = StoreFilter(tenant_id="acme", entity_ids=("ent-2",))
+    assert eid("ent-3") not in snapshot and len(snapshot[eid("ent-4")]) == len(refs)
+    only_2 = StoreFilter(tenant_id="acme", entity_ids=(eid("ent-2"),))
     assert [p.payload["text"] for p in store.scroll(index, only_2)] == ["Changed without an event."]
 
 
@@ -135,12 +136,12 @@ def test_the_worker_reconciles_on_schedule_repairs_and_exports_the_drift(env: En
         env.put(f"ent-{n}", content(rng, 3))
     worker = env.worker
     index = worker.registry.manifest("acme", 1).index_name
-    env.store.delete_by_entity(index, "acme", "ent-0")
+    env.store.delete_by_entity(index, "acme", eid("ent-0"))
     env.sql("DELETE FROM entities WHERE id = 'ent-3'")
     gauge = worker.reconcile_metrics.drift.labels
 
     (report,) = worker.reconcile_once()
-    assert (report.missing, report.extra, report.repaired) == (["ent-0"], ["ent-3"], 2)
+    assert (report.missing, report.extra, report.repaired) == ([eid("ent-0")], [eid("ent-3")], 2)
     assert gauge("missing")._value.get() == 1 and gauge("extra")._value.get() == 1
 
     # the scheduled loop: runs after each interval until the worker stops

@@ -39,6 +39,8 @@ from tests.streams.support import (
     committed,
     content,
     create_topics,
+    eid,
+    entities_plan,
     index_snapshot,
     produce,
     read_all,
@@ -98,6 +100,7 @@ class Env:
             ),
             store=StoreSettings(data_dir=self.data_dir),
             embedding_cache=None,
+            plan=entities_plan("public.entities", self.topic),
         )
 
     def start_worker(self, store: VectorStore | None = None) -> IngestWorker:
@@ -161,7 +164,7 @@ def test_ingesting_an_entity_twice_leaves_exactly_its_chunks_and_embeds_once(
     sor = SorModel()
     record = sor.put("ent-a", "acme", content(sor.rng, 30))
     expected = sor.expected_index(preparer)
-    assert len(expected["acme"]["ent-a"]) >= 5  # a multi-chunk entity
+    assert len(expected["acme"][eid("ent-a")]) >= 5  # a multi-chunk entity
     env.start_worker()
     env.wait(env.produce([record]))
     texts_after_first = env.embedder.texts
@@ -198,7 +201,7 @@ def test_row_change_with_unchanged_content_rewrites_payloads_without_embedding(
     hits = env.store.search_dense(
         name, env.embedder.embed_query(text), StoreFilter(tenant_id="acme"), limit=1
     )
-    assert hits and hits[0].payload["source_entity_id"] == "ent-a"  # vectors kept
+    assert hits and hits[0].payload["source_entity_id"] == eid("ent-a")  # vectors kept
 
 
 def test_update_shrinking_ten_chunks_to_three_then_delete_and_soft_delete(
@@ -209,15 +212,15 @@ def test_update_shrinking_ten_chunks_to_three_then_delete_and_soft_delete(
     big = sor.put("ent-a", "acme", content(sor.rng, 60))
     other = sor.put("ent-b", "acme", content(sor.rng, 6))
     env.wait(env.produce([big, other]))
-    before = env.snapshot(["acme"])["acme"]["ent-a"]
+    before = env.snapshot(["acme"])["acme"][eid("ent-a")]
     assert len(before) >= 10
     shrink = sor.put("ent-a", "acme", content(sor.rng, 7))
     env.wait(env.produce([shrink]))
     expected = sor.expected_index(preparer)
-    assert 2 <= len(expected["acme"]["ent-a"]) <= 4
+    assert 2 <= len(expected["acme"][eid("ent-a")]) <= 4
     assert env.snapshot(["acme"]) == expected
     env.wait(env.produce([*sor.delete("ent-a")]))
-    assert "ent-a" not in env.snapshot(["acme"]).get("acme", {})
+    assert eid("ent-a") not in env.snapshot(["acme"]).get("acme", {})
     env.wait(env.produce([sor.soft_delete("ent-b")]))
     assert env.snapshot(["acme"]) == {}
     assert env.metric("ragstream_ingest_chunks_deleted_total") >= len(before)
@@ -252,9 +255,7 @@ def test_deletes_without_tenant_or_before_remove_the_entity_wherever_it_is(
     env.wait(env.produce([Record(encode_key({"id": "ent-b"}), encode_value(bare))]))
     assert env.snapshot(["acme", "globex"]) == {
         "acme": {
-            "ent-a": {
-                "ent-a:chunk:0": sor.expected_index(preparer)["acme"]["ent-a"]["ent-a:chunk:0"]
-            }
+            eid("ent-a"): sor.expected_index(preparer)["acme"][eid("ent-a")],
         }
     }
 

@@ -67,6 +67,7 @@ def worker_env(
         "RAGSTREAM_CACHE_DIR": str(tmp / "cache"),
         "RAGSTREAM_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap_servers,
         "RAGSTREAM_CONSUMER": json.dumps(consumer),
+        "RAGSTREAM_PLAN__TABLES": json.dumps([{"table": "public.entities", "topic": topic}]),
         "RAGSTREAM_EMBEDDER": json.dumps(embedder),
         "RAGSTREAM_STORE__DATA_DIR": str(tmp / "store"),
         "RAGSTREAM_EMBEDDING_CACHE__PATH": str(tmp / "embedding-cache.sqlite"),

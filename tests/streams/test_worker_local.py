@@ -24,7 +24,14 @@ from ragstream.store.base import StoreFilter
 from ragstream.store.edge import EdgeStore
 from streams.app import IngestWorker, build_worker
 from streams.consumer import ConsumerConfig
-from tests.streams.support import SorModel, create_topics, produce, wait_committed
+from tests.streams.support import (
+    SorModel,
+    create_topics,
+    eid,
+    entities_plan,
+    produce,
+    wait_committed,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -79,6 +86,7 @@ def running(
         embedder=LocalEmbedderConfig(),
         embedding_cache=EmbeddingCacheConfig(path=tmp_path / "cache.sqlite"),
         store=StoreSettings(data_dir=tmp_path / "store"),
+        plan=entities_plan("public.entities", topic),
     )
     store = EdgeStore(settings.store.data_dir)
     registry = CollectorRegistry()
@@ -116,7 +124,8 @@ def test_real_minilm_worker_indexes_entities_and_a_paraphrase_finds_its_entity_f
     assert manifest.dimension == 384
 
     points = list(worker.store.scroll(manifest.index_name, StoreFilter(tenant_id=TENANT)))
-    assert sorted(p.payload["source_entity_id"] for p in points) == sorted(DOCS)  # 1 chunk each
+    indexed = sorted(p.payload["source_entity_id"] for p in points)
+    assert indexed == sorted(eid(key) for key in DOCS)  # 1 chunk each
     assert {p.payload["embedding_version"] for p in points} == {MINILM_SPEC.model_version}
     assert registry.get_sample_value("ragstream_embedding_cache_misses_total") == len(DOCS)
 
@@ -128,5 +137,5 @@ def test_real_minilm_worker_indexes_entities_and_a_paraphrase_finds_its_entity_f
             limit=len(DOCS),
         )
         ranking = [h.payload["source_entity_id"] for h in hits]  # measured margins: >= 0.35
-        assert ranking[0] == expected, (query, ranking, [round(h.score, 3) for h in hits])
+        assert ranking[0] == eid(expected), (query, ranking, [round(h.score, 3) for h in hits])
         assert hits[0].score > hits[1].score + 0.2, (query, [h.score for h in hits])

@@ -39,6 +39,8 @@ from schemas.entities import ContentFormat, Entity
 from schemas.events import TOAST_PLACEHOLDER, Op
 from streams.app import IngestWorker, build_worker
 from streams.consumer import ConsumerConfig
+from streams.mapping import TableMapping
+from streams.plan import PlanConfig
 from streams.prepare import Preparer
 from tests.conftest import REPO_ROOT
 from tests.streams.support import (
@@ -47,6 +49,8 @@ from tests.streams.support import (
     Record,
     content,
     create_topics,
+    eid,
+    entities_plan,
     produce,
     wait_committed,
 )
@@ -124,7 +128,14 @@ def row(text: str, updated_at: datetime) -> dict[str, Any]:
 
 
 def settings_for(
-    broker: TansuBroker, topic: str, dlq: str, *, group: str, data_dir: Path, sor: SorSettings
+    broker: TansuBroker,
+    topic: str,
+    dlq: str,
+    *,
+    group: str,
+    data_dir: Path,
+    sor: SorSettings,
+    table: str = "public.entities",
 ) -> IngestSettings:
     return IngestSettings(
         kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers),
@@ -140,6 +151,7 @@ def settings_for(
         store=StoreSettings(data_dir=data_dir),
         embedding_cache=None,
         sor=sor,
+        plan=entities_plan(table, topic),
     )
 
 
@@ -154,9 +166,15 @@ def sor_env(
         conn.execute(f'SET search_path TO "{schema}"'.encode())
         conn.execute(TABLE_SQL.read_text().encode())
     create_topics(kafka_broker.bootstrap_servers, topic, dlq, f"{topic}.reindex")
-    sor = SorSettings(kind="postgres", dsn=SecretStr(postgres.dsn), table=f"{schema}.entities")
+    sor = SorSettings(kind="postgres", dsn=SecretStr(postgres.dsn))
     settings = settings_for(
-        kafka_broker, topic, dlq, group=suffix, data_dir=tmp_path / "store", sor=sor
+        kafka_broker,
+        topic,
+        dlq,
+        group=suffix,
+        data_dir=tmp_path / "store",
+        sor=sor,
+        table=f"{schema}.entities",
     )
     registry = CollectorRegistry()
     store = EdgeStore(settings.store.data_dir)
@@ -213,7 +231,7 @@ def test_toast_placeholder_makes_the_worker_index_the_sor_row_as_it_is_now(
     expected = preparer.chunks(
         Entity(
             tenant_id=pg["company_id"],
-            entity_id=pg["id"],
+            entity_id=eid(pg["id"]),
             entity_type=pg["entity_type"],
             content=pg["content"],
             content_hash=digest,
@@ -260,7 +278,7 @@ def test_a_reindex_request_from_retrieve_makes_the_worker_reread_the_sor_row(
         (new_text, T0 + timedelta(minutes=3), ENTITY),
     )
     reindex = f"{sor_env.topic}.reindex"
-    request = {"tenant": TENANT, "entity_id": ENTITY, "reason": "stale", "request_id": "r1"}
+    request = {"tenant": TENANT, "entity_id": eid(ENTITY), "reason": "stale", "request_id": "r1"}
     bad = b"{not json"
     last = produce(
         sor_env.broker.bootstrap_servers,
@@ -288,7 +306,13 @@ def test_a_worker_started_with_a_missing_topic_fails_fast_with_a_clear_message(
         update={
             "consumer": ConsumerConfig(
                 topics=(present, missing), dlq_topic=dlq, group_id=suffix, poll_timeout_s=0.2
-            )
+            ),
+            "plan": PlanConfig(
+                tables=(
+                    TableMapping(topic=present),
+                    TableMapping(table="public.absent", topic=missing),
+                )
+            ),
         }
     )
     worker = build_worker(settings, CollectorRegistry(), embedder=HashEmbedder())
@@ -301,3 +325,27 @@ def test_a_worker_started_with_a_missing_topic_fails_fast_with_a_clear_message(
     assert "do not exist" in message
     assert missing in message
     assert present not in message  # only the missing topic is named
+
+
+def test_a_topic_that_maps_to_no_table_is_refused_before_the_model_loads(tmp_path: Path) -> None:
+    settings = IngestSettings(
+        consumer=ConsumerConfig(topics=("sor.public.entities", "sor.public.invoices")),
+        store=StoreSettings(data_dir=tmp_path),
+        embedding_cache=None,
+    )
+    with pytest.raises(ConfigError, match=r"\['sor\.public\.invoices'\] map to no SoR table"):
+        build_worker(settings, CollectorRegistry(), embedder=HashEmbedder())
+
+
+def test_a_worker_with_only_per_table_mappings_starts_and_consumes_their_topics(
+    tmp_path: Path,
+) -> None:
+    plan = PlanConfig(tables=(TableMapping(table="crm.tickets"), TableMapping(table="kb.articles")))
+    settings = IngestSettings(
+        store=StoreSettings(data_dir=tmp_path), embedding_cache=None, plan=plan
+    )
+    worker = build_worker(settings, CollectorRegistry(), embedder=HashEmbedder())
+    try:
+        assert worker.loop.subscriptions() == ["sor.crm.tickets", "sor.kb.articles"]
+    finally:
+        worker.close()

@@ -117,6 +117,10 @@ class _ExclusionReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Exclu
     """The calibrated score is below the hard threshold."""
     EXCLUSION_REASON_DUPLICATE: _ExclusionReason.ValueType  # 6
     """Another chunk of the same entity (or the same chunk) ranked higher."""
+    EXCLUSION_REASON_UNVERIFIABLE: _ExclusionReason.ValueType  # 7
+    """The entity's SoR table is not mapped, or cannot be read: it can be neither confirmed nor
+    denied, so it is no evidence (and no reindex request is made).
+    """
 
 class ExclusionReason(_ExclusionReason, metaclass=_ExclusionReasonEnumTypeWrapper): ...
 
@@ -133,6 +137,10 @@ EXCLUSION_REASON_BELOW_THRESHOLD: ExclusionReason.ValueType  # 5
 """The calibrated score is below the hard threshold."""
 EXCLUSION_REASON_DUPLICATE: ExclusionReason.ValueType  # 6
 """Another chunk of the same entity (or the same chunk) ranked higher."""
+EXCLUSION_REASON_UNVERIFIABLE: ExclusionReason.ValueType  # 7
+"""The entity's SoR table is not mapped, or cannot be read: it can be neither confirmed nor
+denied, so it is no evidence (and no reindex request is made).
+"""
 Global___ExclusionReason: _TypeAlias = ExclusionReason  # noqa: Y015
 
 @_typing.final
