@@ -24,6 +24,7 @@ import yaml
 from tests.deploy.support import (
     ALERTS_FILE,
     CHART_DIR,
+    CONNECTOR_FILE,
     DASHBOARD_FILE,
     INSTALL_HINT,
     all_settings_env_names,
@@ -33,6 +34,8 @@ from tests.deploy.support import (
 )
 
 pytestmark = pytest.mark.integration
+
+REGISTER_SCRIPT = CHART_DIR.parents[1] / "deploy" / "debezium" / "register-connector.sh"
 
 Manifest = dict[str, Any]
 #: The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas.
@@ -177,7 +180,7 @@ def test_full_render_is_valid_for_kubernetes(helm: Path, chart: Path, version: s
         "template",
         "rs",
         str(chart),
-        *set_args((*MONITORING, *OPENAI)),
+        *set_args((*MONITORING, *OPENAI, "debezium.register.enabled=true")),
         "--set-json",
         f"networkPolicy.egress={egress}",
         "--set-json",
@@ -417,6 +420,35 @@ def test_service_monitor_scrapes_both_services(helm: Path, chart: Path) -> None:
     assert endpoint["path"] == "/metrics"
     for service in selected:
         assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+
+
+def test_debezium_registration_carries_the_tested_connector_config(helm: Path, chart: Path) -> None:
+    # one source of truth: the chart ships byte-identical copies of what compose mounts and
+    # what the real-Debezium tests run (schemas/debezium/entities-connector.json)
+    for name, source in (
+        ("entities-connector.json", CONNECTOR_FILE),
+        ("register-connector.sh", REGISTER_SCRIPT),
+    ):
+        assert (CHART_DIR / "files" / "debezium" / name).read_bytes() == source.read_bytes()
+    assert not by_kind(render(helm, chart), "Job")  # off by default
+    manifests = render(
+        helm, chart, "debezium.register.enabled=true", "debezium.register.connectUrl=http://c:8083"
+    )
+    config_map = one(manifests, "ConfigMap", "debezium")
+    rendered = json.loads(config_map["data"]["entities-connector.json"])
+    assert rendered == json.loads(CONNECTOR_FILE.read_text(encoding="utf-8"))
+    job = one(manifests, "Job", "debezium")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env == {
+        "CONNECT_URL": "http://c:8083",
+        "CONNECTOR_CONFIG": "/config/entities-connector.json",
+    }
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    for manifest in (config_map, job):
+        k8s_validate(manifest, "latest")
 
 
 def test_prometheus_rule_carries_the_deploy_alert_groups(helm: Path, chart: Path) -> None:

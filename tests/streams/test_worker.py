@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
 from ragstream.errors import StoreUnavailableError
 from ragstream.kafka_config import KafkaSettings
-from ragstream.services.tansu import TansuBroker
+from ragstream.services.tansu import TansuBroker, free_port
 from ragstream.settings import IngestSettings, StoreSettings
 from ragstream.sor.debezium_format import change_event, encode_key, encode_value
 from ragstream.store.base import PointRecord, StoreFilter, VectorStore
@@ -361,3 +362,33 @@ def test_two_workers_share_partitions_and_a_rebalance_loses_nothing(
     lasts = (last_a, last_b, last_c)
     env.wait({p: max(last.get(p, -1) for last in lasts) for p in range(4)}, 90)
     assert env.snapshot(["acme", "globex", "initech"]) == sor.expected_index(preparer)
+
+
+def test_unreachable_dlq_is_backpressure_on_the_dlq_and_nothing_is_committed_past_it(
+    env: Env, preparer: Preparer
+) -> None:
+    sor = SorModel()
+    worker = env.start_worker()
+    # The DLQ producer is pointed at a port where no broker listens (a real librdkafka producer,
+    # failing for real); the change-event consumer keeps its healthy broker.
+    dead = {
+        **worker.loop._producer_config(),
+        "bootstrap.servers": f"127.0.0.1:{free_port()}",
+        "message.timeout.ms": 1500,
+    }
+    healthy = worker.loop._producer
+    worker.loop._producer = Producer(dead)
+    good = sor.put("ent-a", "acme", "Alpha text.")
+    last = env.produce([Record(b'{"id": "p1"}', b"{not json"), good])
+    deadline = time.monotonic() + 30
+    while env.metric("ragstream_ingest_backpressure_total", {"dependency": "dlq"}) < 2:
+        assert time.monotonic() < deadline, "the DLQ outage was never reported"
+        time.sleep(0.1)
+    assert env.metric("ragstream_ingest_backpressure_total", {"dependency": "store"}) == 0
+    during = committed(env.broker.bootstrap_servers, env.group, env.topic, list(last))
+    assert all(offset < 0 for offset in during.values()), during  # the poison is not skipped
+    worker.loop._producer = healthy  # the DLQ is back
+    env.wait(last)
+    letters = read_all(env.broker.bootstrap_servers, env.dlq)
+    assert [dict(m.headers())["ragstream.error.code"] for m in letters] == [b"DECODE_ERROR"]
+    assert env.snapshot(["acme"]) == sor.expected_index(preparer)
