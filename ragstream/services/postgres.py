@@ -36,10 +36,19 @@ def postgres_bindir() -> Path:
 
 
 class PostgresCluster:
-    """initdb + pg_ctl start on a loopback port; `stop()` removes everything."""
+    """initdb + pg_ctl start on a loopback port; `stop()` removes everything.
 
-    def __init__(self) -> None:
+    `logical=True` starts it ready for logical replication (Debezium): `wal_level=logical` and
+    room for replication slots and WAL senders. `stop(keep_data=True)` then `start()` restarts
+    the same cluster on the same port (an SoR outage in tests).
+    """
+
+    def __init__(self, *, logical: bool = False, settings: dict[str, str] | None = None) -> None:
         self.port = free_port()
+        self.logical = logical
+        #: extra server settings (`-c name=value`)
+        self.settings = dict(settings or {})
+        self._initialized = False
         self.bindir = postgres_bindir()
         self._root = Path(tempfile.mkdtemp(prefix="ragstream-pg-"))
         self._data = self._root / "data"
@@ -65,23 +74,35 @@ class PostgresCluster:
             )
 
     def start(self) -> PostgresCluster:
-        """Create the cluster and start the server; returns when it accepts connections."""
-        self._sock.mkdir(parents=True)
-        if self._as_root:
-            shutil.chown(self._root, "postgres", "postgres")
-            shutil.chown(self._sock, "postgres", "postgres")
-        self._run(
-            str(self.bindir / "initdb"),
-            "-D",
-            str(self._data),
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "-E",
-            "UTF8",
-            "--no-sync",
-        )
-        opts = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self._sock} -c fsync=off"
+        """Create the cluster (once) and start the server; returns when it accepts
+        connections."""
+        if not self._initialized:
+            self._sock.mkdir(parents=True)
+            if self._as_root:
+                shutil.chown(self._root, "postgres", "postgres")
+                shutil.chown(self._sock, "postgres", "postgres")
+            self._run(
+                str(self.bindir / "initdb"),
+                "-D",
+                str(self._data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            )
+            self._initialized = True
+        settings = {"fsync": "off", **self.settings}
+        if self.logical:
+            settings = {
+                "wal_level": "logical",
+                "max_replication_slots": "20",
+                "max_wal_senders": "20",
+                **settings,
+            }
+        extra = " ".join(f"-c {k}={v}" for k, v in settings.items())
+        opts = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self._sock} {extra}"
         self._run(
             str(self.bindir / "pg_ctl"),
             "-D",
@@ -96,12 +117,15 @@ class PostgresCluster:
         self._started = True
         return self
 
-    def stop(self) -> None:
-        """Stop the server and delete its files."""
+    def stop(self, *, keep_data: bool = False) -> None:
+        """Stop the server (immediately, like a crash) and delete its files unless
+        `keep_data` (then `start()` brings the same cluster back on the same port)."""
         if self._started:
             self._run(str(self.bindir / "pg_ctl"), "-D", str(self._data), "-m", "immediate", "stop")
             self._started = False
-        shutil.rmtree(self._root, ignore_errors=True)
+        if not keep_data:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._initialized = False
 
     def __enter__(self) -> PostgresCluster:
         return self.start()
