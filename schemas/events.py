@@ -35,6 +35,9 @@ class RecordKind(StrEnum):
     MESSAGE = "message"
     HEARTBEAT = "heartbeat"  # Debezium heartbeat topic record
     SCHEMA_CHANGE = "schema_change"  # DDL history records on the server-name topic
+    TRANSACTION = (
+        "transaction"  # BEGIN/END on `<prefix>.transaction` (provide.transaction.metadata)
+    )
 
 
 class SnapshotMarker(StrEnum):

@@ -97,6 +97,9 @@ class ConsumerConfig(BaseModel):
     backoff_max_s: float = Field(default=30.0, gt=0)
     #: librdkafka pre-fetch bound (bounded memory).
     queued_max_messages_kbytes: int = 32_768
+    #: How long the broker may hold a fetch with no new data (librdkafka's default 500 ms adds
+    #: up to that to every change's freshness on a quiet topic; 50 ms costs a few idle fetches).
+    fetch_wait_max_ms: int = Field(default=50, ge=0, le=10_000)
     #: DLQ values above this are truncated (the header says so; the original stays in its topic).
     dlq_max_value_bytes: int = 900_000
 
@@ -201,6 +204,7 @@ class ConsumerLoop:
             "max.poll.interval.ms": c.max_poll_interval_ms,
             "partition.assignment.strategy": c.assignment_strategy,
             "queued.max.messages.kbytes": c.queued_max_messages_kbytes,
+            "fetch.wait.max.ms": c.fetch_wait_max_ms,
             "error_cb": self._on_error,
         }
 

@@ -22,7 +22,8 @@ from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ragstream.errors import ConfigError, MappingError
+from ragstream.errors import ConfigError, InvalidTenantError, MappingError
+from ragstream.store.ids import validate_tenant
 from schemas.entities import ContentFormat, EntityVersion
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -199,17 +200,31 @@ class TableMapping(BaseModel):
         return self.entity_id([row.required_text(c) for c in self.key_columns])
 
     def row_tenant(self, row: RowView) -> str:
-        """The row's tenant: its tenant column, or the table's constant tenant."""
+        """The row's tenant: its tenant column, or the table's constant tenant. A tenant name
+        the index cannot hold is a MappingError (the record goes to the DLQ)."""
         if self.tenant is not None:
             return self.tenant
         assert self.tenant_column is not None  # validated: exactly one is set
-        return row.required_text(self.tenant_column)
+        return _tenant_name(row.required_text(self.tenant_column), row, self.tenant_column)
 
     def row_tenant_if_known(self, row: RowView) -> str | None:
-        """The tenant when the row carries it (a delete's key-only `before` may not)."""
+        """The tenant when the row carries it. A delete's `before` under REPLICA IDENTITY
+        DEFAULT holds the key only: Debezium fills the other NOT NULL columns with empty
+        values, so an empty tenant means unknown."""
         if self.tenant is not None:
             return self.tenant
-        return row.optional_text(self.tenant_column)
+        value = row.optional_text(self.tenant_column)
+        if value is None or not value.strip():
+            return None
+        assert self.tenant_column is not None
+        return _tenant_name(value.strip(), row, self.tenant_column)
+
+
+def _tenant_name(value: str, row: RowView, column: str) -> str:
+    try:
+        return validate_tenant(value)
+    except InvalidTenantError as exc:
+        raise MappingError(f"{row.where}: column {column!r}: {exc}") from exc
 
 
 def table_of_entity(entity_id: str) -> str:

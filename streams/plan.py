@@ -12,6 +12,7 @@ The worker executes plans; `ragstream inspect-event` prints them. Policy (DESIGN
 | content column TOAST-unchanged | refetch (re-read the SoR; the placeholder is not text)  |
 | tombstone                      | skip (offset advances)                                  |
 | heartbeat, schema change       | skip (counted)                                          |
+| transaction BEGIN/END          | skip (counted)                                          |
 | t (truncate)                   | by policy: purge the table's chunks (default), skip, dlq|
 | m (message)                    | by policy: skip (default, counted) or dlq               |
 
@@ -22,6 +23,7 @@ indexed.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -144,6 +146,8 @@ def plan_event(event: ChangeEvent, config: PlanConfig, hasher: ContentHasher) ->
         return Plan(Action.SKIP, "heartbeat", detail="Debezium heartbeat", **base)
     if event.kind is RecordKind.SCHEMA_CHANGE:
         return Plan(Action.SKIP, "schema_change", detail="schema history record", **base)
+    if event.kind is RecordKind.TRANSACTION:
+        return Plan(Action.SKIP, "transaction", detail="transaction boundary (BEGIN/END)", **base)
     if event.kind is RecordKind.TRUNCATE:
         return _plan_truncate(event, config, base)
     if event.kind is RecordKind.MESSAGE:
@@ -248,7 +252,10 @@ def _plan_delete(
         tenant_id = mapping.row_tenant_if_known(RowView(event.key, where))
     version = EntityVersion(updated_at_us=None, lsn=lsn, snapshot=False)
     if event.before is not None:
-        version = version_of(RowView(event.before, where), mapping, lsn=lsn, snapshot=False)
+        # a key-only `before` (REPLICA IDENTITY DEFAULT) holds placeholder values in its
+        # other columns: the delete still applies, its version is then the LSN alone
+        with contextlib.suppress(MappingError):
+            version = version_of(RowView(event.before, where), mapping, lsn=lsn, snapshot=False)
     reason = "delete_pk_change" if event.new_key is not None else "delete"
     return Plan(
         Action.DELETE,

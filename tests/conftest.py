@@ -71,6 +71,7 @@ def kafka_broker() -> Iterator[TansuBroker]:
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresCluster]:
-    """A throwaway PostgreSQL cluster from the installed binaries, for the whole session."""
-    with PostgresCluster() as cluster:
+    """A throwaway PostgreSQL cluster from the installed binaries, for the whole session, with
+    logical decoding on (real Debezium reads it)."""
+    with PostgresCluster(logical=True) as cluster:
         yield cluster

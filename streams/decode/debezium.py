@@ -11,6 +11,9 @@ What is accepted:
 - A null value -> `TOMBSTONE` (and so is an envelope whose payload is null); the key is still
   decoded. A topic starting with `heartbeat_topic_prefix` -> `HEARTBEAT`, key and value unread.
 - `op` c/u/d/r -> `CHANGE`; t -> `TRUNCATE`; m -> `MESSAGE` (prefix, base64 content -> bytes).
+- A transaction boundary of `provide.transaction.metadata=true` (no `op`; `status` BEGIN or END,
+  an `id`; on `<prefix>.transaction`) -> `TRANSACTION`; the `transaction` block of change
+  events is ignored like any unknown field.
 - `source` -> `SourceInfo`; `snapshot` may be a string enum, a boolean, null or missing (FALSE).
   Unknown fields anywhere (`ts_us`, `ts_ns`, `transaction`, MySQL's `file`...) are ignored.
 - The TOAST placeholder (`toast_placeholder`, as the whole value, in its base64 or hex form for
@@ -226,6 +229,15 @@ class DecodeOptions:
 _DEFAULT_OPTIONS: Final = DecodeOptions()
 
 
+def _is_transaction_marker(payload: Mapping[str, Any]) -> bool:
+    """A BEGIN/END record of Debezium's transaction metadata topic."""
+    return (
+        "op" not in payload
+        and payload.get("status") in ("BEGIN", "END")
+        and isinstance(payload.get("id"), str)
+    )
+
+
 def decode_record(raw: RawRecord, options: DecodeOptions | None = None) -> ChangeEvent:
     """Decode one Kafka record from a Debezium topic.
 
@@ -403,6 +415,8 @@ class _Decoder:
             return self._tombstone(self._topic_table())
         if not isinstance(payload, dict):
             raise DecodeError(f"{path}: expected a JSON object, found {_json_type(payload)}")
+        if _is_transaction_marker(payload):
+            return ChangeEvent(kind=RecordKind.TRANSACTION, position=raw.position)
         if self.opts.envelope == "unwrapped":
             return self._decode_unwrapped(schema, payload, path)
         return self._decode_debezium(schema, payload, path)

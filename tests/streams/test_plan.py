@@ -189,6 +189,7 @@ def test_oversized_content_is_a_mapping_error() -> None:
         (RecordKind.TOMBSTONE, "tombstone"),
         (RecordKind.HEARTBEAT, "heartbeat"),
         (RecordKind.SCHEMA_CHANGE, "schema_change"),
+        (RecordKind.TRANSACTION, "transaction"),
         (RecordKind.MESSAGE, "logical_message"),
     ],
 )
@@ -400,3 +401,17 @@ def test_temporal_values_of_every_decoded_shape_map_to_the_same_instant() -> Non
     ]
     assert {to_datetime(s, "t") for s in shapes} == {moment}
     assert epoch_us(datetime(1930, 3, 1, tzinfo=UTC)) == -1_257_206_400_000_000
+
+
+@pytest.mark.unit
+def test_a_tenant_the_index_cannot_hold_is_a_mapping_error_not_a_crash() -> None:
+    with pytest.raises(MappingError, match="invalid tenant name 'Acme Corp'"):
+        plan(change(Op.CREATE, after=row(company_id="Acme Corp")))
+
+
+@pytest.mark.unit
+def test_a_delete_whose_before_has_the_key_only_leaves_the_tenant_unknown() -> None:
+    # REPLICA IDENTITY DEFAULT: Debezium fills the NOT NULL non-key columns with empty values
+    before = {k: "" for k in row()} | {"id": "ent-1", "deleted_at": None}
+    p = plan(change(Op.DELETE, before=before))
+    assert (p.action, p.entity_id, p.tenant_id) == (Action.DELETE, "entities:ent-1", None)
