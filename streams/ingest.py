@@ -23,6 +23,7 @@ from ragstream.errors import (
     ChunkingError,
     ConfigError,
     DecodeError,
+    InvalidTenantError,
     MappingError,
     RecordTooLargeError,
     SorTableError,
@@ -41,7 +42,7 @@ from ragstream.store.base import (
     StoreFilter,
     VectorStore,
 )
-from ragstream.store.ids import point_id
+from ragstream.store.ids import point_id, validate_tenant
 from schemas.entities import Chunk, Entity, EntityVersion
 from schemas.events import ChangeEvent, RawRecord, RecordPosition
 from streams.consumer import DeadLetter
@@ -354,7 +355,8 @@ class IngestHandler:
             tenant, entity_id = doc["tenant"], doc["entity_id"]
             if not isinstance(tenant, str) or not isinstance(entity_id, str) or not entity_id:
                 raise TypeError("tenant and entity_id must be strings")
-        except (ValueError, KeyError, TypeError) as exc:
+            validate_tenant(tenant)
+        except (ValueError, KeyError, TypeError, InvalidTenantError) as exc:
             letters.append(DeadLetter(rec, "BAD_REINDEX_REQUEST", str(exc), "decode"))
             self._count(rec.topic, "reindex", "dlq")
             return None

@@ -280,17 +280,18 @@ def test_a_reindex_request_from_retrieve_makes_the_worker_reread_the_sor_row(
     reindex = f"{sor_env.topic}.reindex"
     request = {"tenant": TENANT, "entity_id": eid(ENTITY), "reason": "stale", "request_id": "r1"}
     bad = b"{not json"
+    bad_tenant = json.dumps({**request, "tenant": "Not A Tenant"}).encode()
     last = produce(
         sor_env.broker.bootstrap_servers,
         reindex,
-        [Record(b"k", json.dumps(request).encode()), Record(b"k", bad)],
+        [Record(b"k", json.dumps(request).encode()), Record(b"k", bad), Record(b"k", bad_tenant)],
     )
     wait_committed(sor_env.broker.bootstrap_servers, sor_env.group, reindex, last, 60)
     assert [p.payload["text"] for p in sor_env.points()] == [new_text]
     dlq = sor_env.registry.get_sample_value(
         "ragstream_ingest_dlq_records_total", {"code": "BAD_REINDEX_REQUEST"}
     )
-    assert dlq == 1
+    assert dlq == 2  # the worker kept going past both
 
 
 def test_a_worker_started_with_a_missing_topic_fails_fast_with_a_clear_message(
