@@ -11,14 +11,16 @@ keeps the partition moving.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import string
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 from urllib.parse import unquote
+from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -517,9 +519,16 @@ def _scalar(value: object) -> str:
 
 
 def _plain(value: object) -> object:
-    """A metadata value JSON can hold."""
-    if isinstance(value, datetime | date):
+    """A metadata value as JSON holds it (the decoder yields typed values: datetimes, dates,
+    times, decimals, UUIDs, bytes)."""
+    if isinstance(value, datetime | date | time):
         return value.isoformat()
-    if isinstance(value, Decimal):
+    if isinstance(value, Decimal | UUID):
         return str(value)
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
     return value
