@@ -349,8 +349,13 @@ def _cmd_config(args: argparse.Namespace) -> int:
 def _cmd_dev(args: argparse.Namespace) -> int:
     from ragstream.dev import DevPorts, run_dev
 
-    ports = DevPorts(kafka=args.kafka_port, grpc=args.grpc_port, metrics=args.metrics_port)
-    return run_dev(args.data_dir, ports=ports, sample_limit=args.sample_size)
+    ports = DevPorts(
+        kafka=args.kafka_port,
+        grpc=args.grpc_port,
+        metrics=args.metrics_port,
+        postgres=args.postgres_port,
+    )
+    return run_dev(args.data_dir, ports=ports, sample_limit=args.sample_size, sor=args.sor)
 
 
 def _cmd_sor(args: argparse.Namespace) -> int:
@@ -526,6 +531,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kafka-port", type=int, default=19092)
     p.add_argument("--grpc-port", type=int, default=50051)
     p.add_argument("--metrics-port", type=int, default=9464)
+    p.add_argument("--postgres-port", type=int, default=15432, help="with --sor postgres")
+    p.add_argument(
+        "--sor",
+        choices=["sqlite", "postgres"],
+        default="sqlite",
+        help=(
+            "sqlite: the light embedded SoR that publishes its own change events (default); "
+            "postgres: PostgreSQL + real Debezium (Kafka Connect), production-like (needs a "
+            "JRE and the `cdc` extra)"
+        ),
+    )
     p.set_defaults(func=_cmd_dev)
 
     p = sub.add_parser("sor", help="change the SoR of a running `ragstream dev`")

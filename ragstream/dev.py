@@ -22,11 +22,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import psycopg
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from prometheus_client import CollectorRegistry, start_http_server
+from pydantic import SecretStr
 
 from ragstream.embedders import build_embedder
 from ragstream.embedders.cache import EmbeddingCacheConfig
@@ -36,9 +38,12 @@ from ragstream.kafka_config import KafkaSettings
 from ragstream.query import QueryError, print_pack, query
 from ragstream.resources import package_dir
 from ragstream.sample import SAMPLE_DDL, SAMPLE_TABLES, sample_rows
+from ragstream.services.debezium import DebeziumConnect, PostgresSource
+from ragstream.services.postgres import PostgresCluster
 from ragstream.services.tansu import TansuBroker
 from ragstream.settings import IngestSettings, ReconcileSettings, SorSettings, StoreSettings
 from ragstream.sor.embedded import EmbeddedSor
+from ragstream.sor.postgres_writer import PostgresWriter
 from ragstream.sor.rows import SorWriter
 from ragstream.store.edge import EdgeStore
 from retrieval_api.app import build_app
@@ -70,6 +75,7 @@ class DevPorts:
     kafka: int = 19092
     grpc: int = 50051
     metrics: int = 9464
+    postgres: int = 15432
 
 
 def _tokens(data_dir: Path, tenants: list[str]) -> dict[str, str]:
@@ -83,10 +89,10 @@ def _tokens(data_dir: Path, tenants: list[str]) -> dict[str, str]:
     return tokens
 
 
-def _create_topics(bootstrap: str, table_topics: list[str]) -> None:
+def _create_topics(bootstrap: str, table_topics: list[str], partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics(
-        [NewTopic(t, num_partitions=4, replication_factor=1) for t in table_topics]
+        [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in table_topics]
         + [NewTopic(t, num_partitions=1, replication_factor=1) for t in SERVICE_TOPICS]
     )
     for topic, future in futures.items():
@@ -107,15 +113,132 @@ def read_stack(data_dir: Path) -> dict[str, Any]:
 
 
 def open_sor_writer(data_dir: Path) -> SorWriter:
-    """A writer to the running dev stack's system of record (`ragstream sor`)."""
+    """A writer to the running dev stack's system of record (`ragstream sor`): SQL to its
+    PostgreSQL (Debezium captures the change), or the embedded SQLite SoR (which publishes
+    the change event itself)."""
     stack = read_stack(data_dir)
+    if stack.get("sor_kind") == "postgres":
+        return PostgresWriter(stack["sor_dsn"], DEV_PLAN)
     return EmbeddedSor(Path(stack["sor"]), stack["kafka"], plan=DEV_PLAN)
 
 
+class _DevSor(Protocol):
+    """The dev stack's system of record and how its rows reach the broker."""
+
+    settings: SorSettings
+
+    def publish(self) -> int:
+        """Send every row to the broker as a snapshot; the number of records to expect."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What `ragstream sor` needs to write to it (the stack file)."""
+        ...
+
+    def close(self) -> None:
+        """Stop what it started."""
+        ...
+
+
+class _SqliteDevSor:
+    """The embedded SQLite SoR: it publishes Debezium-format events itself."""
+
+    def __init__(self, data_dir: Path, bootstrap: str, samples: dict[str, list[Any]]) -> None:
+        ddl = [(package_dir("schemas") / "sql" / f).read_text() for f in SAMPLE_DDL["sqlite"]]
+        self.sor = EmbeddedSor(data_dir / "sor.sqlite", bootstrap, plan=DEV_PLAN, ddl=ddl)
+        if self.sor.count() == 0:
+            for table, rows in samples.items():
+                loaded = self.sor.load(table, rows)
+                print(f"loaded {loaded} sample rows into table {table} ({self.sor.path})")
+        self.settings = SorSettings(kind="sqlite", sqlite_path=self.sor.path)
+
+    def publish(self) -> int:
+        total = self.sor.snapshot()
+        topics = ", ".join(DEV_PLAN.catalog.topics())
+        print(f"published a snapshot of {total} rows to {topics}", flush=True)
+        return total
+
+    def describe(self) -> dict[str, Any]:
+        return {"sor_kind": "sqlite", "sor": str(self.sor.path)}
+
+    def close(self) -> None:
+        self.sor.close()
+
+
+class _PostgresDevSor:
+    """PostgreSQL (kept under the data directory, logical decoding on) and real Debezium
+    (Kafka Connect standalone with the shipped connector configuration): the production
+    topology on one machine. Each start snapshots afresh (the broker keeps nothing)."""
+
+    def __init__(
+        self, data_dir: Path, bootstrap: str, port: int, samples: dict[str, list[Any]]
+    ) -> None:
+        self.cluster = PostgresCluster(logical=True, root=data_dir / "postgres", port=port)
+        try:
+            self.cluster.start()
+        except ConfigError as exc:
+            raise ConfigError(f"cannot start PostgreSQL on 127.0.0.1:{port}: {exc}") from exc
+        self.dsn = self.cluster.dsn
+        self.settings = SorSettings(kind="postgres", dsn=SecretStr(self.dsn))
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            for name in SAMPLE_DDL["postgres"]:
+                conn.execute((package_dir("schemas") / "sql" / name).read_bytes())
+        writer = PostgresWriter(self.dsn, DEV_PLAN)
+        try:
+            for table, rows in samples.items():
+                if writer.count(table) == 0:
+                    for row in rows:
+                        writer.put(table, row)
+                    print(f"loaded {len(rows)} sample rows into table {table} (PostgreSQL)")
+            self.rows = sum(writer.count(t) for t in samples)
+        finally:
+            writer.close()
+        self.debezium = DebeziumConnect(
+            bootstrap_servers=bootstrap,
+            source=PostgresSource("127.0.0.1", port, "postgres", "postgres"),
+            tables=[m.table for m in DEV_PLAN.tables],
+            topic_prefix=DEV_PLAN.topic_prefix,
+            name="ragstream-dev",
+            work_dir=data_dir / "connect",
+        )
+
+    def publish(self) -> int:
+        # fresh offsets: the memory-only broker lost every topic, Debezium snapshots again
+        (self.debezium.work_dir / "offsets.dat").unlink(missing_ok=True)
+        began = time.monotonic()
+        self.debezium.start()
+        print(
+            f"Debezium (Kafka Connect, pid {self.debezium.pid}) running after "
+            f"{time.monotonic() - began:.1f}s: snapshot of {self.rows} rows",
+            flush=True,
+        )
+        return self.rows
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "sor_kind": "postgres",
+            "sor_dsn": self.dsn,
+            "debezium_rest": self.debezium.rest_url,
+            "debezium_log": str(self.debezium.log_path),
+        }
+
+    def close(self) -> None:
+        try:
+            self.debezium.stop()
+        finally:
+            self.cluster.stop()
+
+
 def run_dev(
-    data_dir: Path, *, ports: DevPorts | None = None, sample_limit: int | None = None
+    data_dir: Path,
+    *,
+    ports: DevPorts | None = None,
+    sample_limit: int | None = None,
+    sor: str = "sqlite",
 ) -> int:
     """Start everything, load the sample corpus, serve until Ctrl-C, shut down cleanly."""
+    if sor not in ("sqlite", "postgres"):
+        raise ConfigError(f"--sor must be sqlite or postgres, not {sor!r}")
     ports = ports or DevPorts()
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -127,7 +250,9 @@ def run_dev(
         raise ConfigError(f"cannot start the broker on 127.0.0.1:{ports.kafka}: {exc}") from exc
     started = time.monotonic()
     try:
-        return _run(data_dir, ports, registry, broker, sample_limit=sample_limit, started=started)
+        return _run(
+            data_dir, ports, registry, broker, sample_limit=sample_limit, started=started, sor=sor
+        )
     finally:
         broker.stop()
         (data_dir / STACK_FILE).unlink(missing_ok=True)
@@ -141,16 +266,42 @@ def _run(
     *,
     sample_limit: int | None,
     started: float,
+    sor: str,
 ) -> int:
     bootstrap = broker.bootstrap_servers
-    _create_topics(bootstrap, DEV_PLAN.catalog.topics())
-    ddl = [(package_dir("schemas") / "sql" / f).read_text() for f in SAMPLE_DDL["sqlite"]]
-    sor = EmbeddedSor(data_dir / "sor.sqlite", bootstrap, plan=DEV_PLAN, ddl=ddl)
     samples = sample_rows(sample_limit)
-    if sor.count() == 0:
-        for table, rows in samples.items():
-            loaded = sor.load(table, rows)
-            print(f"loaded {loaded} sample rows into table {table} ({sor.path})", flush=True)
+    # Debezium writes each table to one partition (its TRUNCATE is key-less); the embedded
+    # SoR keys every event, so its topics take 4
+    _create_topics(bootstrap, DEV_PLAN.catalog.topics(), partitions=1 if sor == "postgres" else 4)
+    source: _DevSor = (
+        _PostgresDevSor(data_dir, bootstrap, ports.postgres, samples)
+        if sor == "postgres"
+        else _SqliteDevSor(data_dir, bootstrap, samples)
+    )
+    try:
+        return _serve_stack(
+            data_dir,
+            ports,
+            registry=registry,
+            bootstrap=bootstrap,
+            source=source,
+            samples=samples,
+            started=started,
+        )
+    finally:
+        source.close()
+
+
+def _serve_stack(
+    data_dir: Path,
+    ports: DevPorts,
+    *,
+    registry: CollectorRegistry,
+    bootstrap: str,
+    source: _DevSor,
+    samples: dict[str, list[Any]],
+    started: float,
+) -> int:
     store = EdgeStore(data_dir / "store")
     embedder = build_embedder(
         LocalEmbedderConfig(),
@@ -158,7 +309,7 @@ def _run(
         registry=registry,
     )
     kafka = KafkaSettings(bootstrap_servers=bootstrap)
-    sor_settings = SorSettings(kind="sqlite", sqlite_path=sor.path)
+    sor_settings = source.settings
     store_settings = StoreSettings(data_dir=data_dir / "store")
     worker = build_worker(
         IngestSettings(
@@ -209,9 +360,7 @@ def _run(
             target=worker.reconcile_forever, name="reconcile", daemon=True
         )
         reconcile_thread.start()
-        total = sor.snapshot()
-        topics = ", ".join(DEV_PLAN.catalog.topics())
-        print(f"published a snapshot of {total} rows to {topics}", flush=True)
+        total = source.publish()
         _wait_indexed(registry, total)
         (data_dir / STACK_FILE).write_text(
             json.dumps(
@@ -219,9 +368,8 @@ def _run(
                     "kafka": bootstrap,
                     "grpc": f"127.0.0.1:{ports.grpc}",
                     "metrics": f"http://127.0.0.1:{ports.metrics}/metrics",
-                    "sor": str(sor.path),
-                    "sor_kind": "sqlite",
                     "topics": DEV_PLAN.catalog.topics(),
+                    **source.describe(),
                 },
                 indent=2,
             )
@@ -233,7 +381,6 @@ def _run(
             if thread is not None:
                 thread.join(30)
         app.close()
-        sor.close()
         embedder.close()
         store.close()
     print("stopped cleanly", flush=True)

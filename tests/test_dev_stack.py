@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -28,16 +29,16 @@ CURRENCY = "our invoice came in dollars instead of euros"
 class DevProcess:
     """`ragstream dev` as a subprocess with its own ports and data directory."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, sor: str = "sqlite") -> None:
         self.data_dir = data_dir
         self.grpc = free_port()
         self.metrics = free_port()
         self.kafka = free_port()
         self.log = data_dir.parent / f"dev-{time.monotonic_ns()}.log"
         self.env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-        args = ["dev", "--data-dir", str(data_dir), "--sample-size", "20"]
+        args = ["dev", "--data-dir", str(data_dir), "--sample-size", "20", "--sor", sor]
         args += ["--kafka-port", str(self.kafka), "--grpc-port", str(self.grpc)]
-        args += ["--metrics-port", str(self.metrics)]
+        args += ["--metrics-port", str(self.metrics), "--postgres-port", str(free_port())]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ragstream.cli", *args],
             stdout=self.log.open("wb"),
@@ -174,3 +175,56 @@ def test_dev_stack_serves_reflects_changes_within_seconds_and_stops_cleanly(
     finally:
         if again.proc.poll() is None:
             again.proc.kill()
+
+
+def test_dev_stack_on_postgres_and_real_debezium_reflects_sql_writes() -> None:
+    # PostgreSQL runs as the postgres user: its data directory must be reachable by it (pytest's
+    # own temp directories are private to root)
+    root = Path(tempfile.mkdtemp(prefix="ragstream-dev-pg-"))
+    root.chmod(0o755)
+    dev = DevProcess(root / "data", sor="postgres")
+    try:
+        dev.wait_up()
+        out = dev.output()
+        assert "loaded 20 sample rows into table tickets (PostgreSQL)" in out
+        assert "Debezium (Kafka Connect, pid" in out
+        stack = json.loads((root / "data" / "dev-stack.json").read_text())
+        assert stack["sor_kind"] == "postgres"
+        pack = dev.query("acme", "If a customer cancels a yearly plan, do they get money back?")
+        assert entity_ids(pack)[0] == "entities:acme-kb-refund-policy"
+
+        # `ragstream sor` writes SQL; Debezium carries the change to the index
+        dev.cli(
+            "sor",
+            "put",
+            "--table",
+            "tickets",
+            "--tenant",
+            "globex",
+            "--id",
+            "globex-ticket-9",
+            "--title",
+            "Pump trips at start",
+            "--text",
+            "The GX-300 trips its breaker every time it is started.",
+        )
+        question = "which pump trips its breaker when it is started?"
+        took = wait_for(
+            lambda: "tickets:globex-ticket-9" in entity_ids(dev.query("globex", question))[:1]
+        )
+        assert took < 15, f"the SQL write took {took:.1f}s to become searchable"
+        dev.cli("sor", "delete", "--table", "tickets", "--id", "globex-ticket-9")
+        wait_for(lambda: "tickets:globex-ticket-9" not in entity_ids(dev.query("globex", question)))
+        assert dev.stop() == 0
+        assert "stopped cleanly" in dev.output()
+    finally:
+        if dev.proc.poll() is None:
+            dev.proc.kill()
+    leftover = subprocess.run(
+        ["pgrep", "-f", str(root / "data" / "connect")],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert leftover.stdout.strip() == "", "Kafka Connect outlived the dev stack"
+    shutil.rmtree(root, ignore_errors=True)

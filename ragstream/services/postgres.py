@@ -43,19 +43,31 @@ class PostgresCluster:
     the same cluster on the same port (an SoR outage in tests).
     """
 
-    def __init__(self, *, logical: bool = False, settings: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+    def __init__(
+        self,
+        *,
+        logical: bool = False,
+        settings: dict[str, str] | None = None,
+        root: Path | None = None,
+        port: int | None = None,
+    ) -> None:
+        """`root`: a directory kept across runs (the dev stack's SoR); by default a temp
+        directory removed by `stop()`."""
+        self.port = port or free_port()
         self.logical = logical
         #: extra server settings (`-c name=value`)
         self.settings = dict(settings or {})
-        self._initialized = False
         self.bindir = postgres_bindir()
-        self._root = Path(tempfile.mkdtemp(prefix="ragstream-pg-"))
+        self._persistent = root is not None
+        self._root = (
+            root.resolve() if root is not None else Path(tempfile.mkdtemp(prefix="ragstream-pg-"))
+        )
         self._data = self._root / "data"
         self._sock = self._root / "sock"
         self._log = self._root / "postgres.log"
         self._as_root = os.geteuid() == 0
         self._started = False
+        self._initialized = (self._data / "PG_VERSION").is_file()
 
     @property
     def dsn(self) -> str:
@@ -77,10 +89,11 @@ class PostgresCluster:
         """Create the cluster (once) and start the server; returns when it accepts
         connections."""
         if not self._initialized:
-            self._sock.mkdir(parents=True)
+            self._sock.mkdir(parents=True, exist_ok=True)
             if self._as_root:
                 shutil.chown(self._root, "postgres", "postgres")
                 shutil.chown(self._sock, "postgres", "postgres")
+                self._check_reachable()
             self._run(
                 str(self.bindir / "initdb"),
                 "-D",
@@ -93,7 +106,8 @@ class PostgresCluster:
                 "--no-sync",
             )
             self._initialized = True
-        settings = {"fsync": "off", **self.settings}
+        # a throwaway cluster need not survive a power cut; a kept one must
+        settings = {**({} if self._persistent else {"fsync": "off"}), **self.settings}
         if self.logical:
             settings = {
                 "wal_level": "logical",
@@ -117,13 +131,26 @@ class PostgresCluster:
         self._started = True
         return self
 
+    def _check_reachable(self) -> None:
+        """As root the server runs as `postgres`, which must be able to reach the directory."""
+        probe = subprocess.run(
+            ["su", "postgres", "-s", "/bin/sh", "-c", f"test -w {_quote(str(self._root))}"],
+            capture_output=True,
+            check=False,
+        )
+        if probe.returncode != 0:
+            raise ConfigError(
+                f"PostgreSQL runs as the postgres user, which cannot reach {self._root}: make "
+                "its parent directories traversable (chmod o+x) or use another directory"
+            )
+
     def stop(self, *, keep_data: bool = False) -> None:
         """Stop the server (immediately, like a crash) and delete its files unless
         `keep_data` (then `start()` brings the same cluster back on the same port)."""
         if self._started:
             self._run(str(self.bindir / "pg_ctl"), "-D", str(self._data), "-m", "immediate", "stop")
             self._started = False
-        if not keep_data:
+        if not keep_data and not self._persistent:
             shutil.rmtree(self._root, ignore_errors=True)
             self._initialized = False
 

@@ -60,6 +60,13 @@ class PostgresWriter:
         found = cur.fetchone()
         return dict(found) if found is not None else None
 
+    def count(self, table: str) -> int:
+        """Rows in the table."""
+        mapping = self.mapping(table)
+        cur = self._conn.execute(f"SELECT count(*) AS n FROM {self._table(mapping)}".encode())
+        found = cur.fetchone()
+        return int(found["n"]) if found is not None else 0
+
     def put(self, table: str, values: Mapping[str, Any]) -> Op:
         """INSERT ... ON CONFLICT (key) DO UPDATE: the row's other columns are kept, a soft
         delete is cleared and `updated_at` is set when the table maps them."""
@@ -114,4 +121,3 @@ class PostgresWriter:
     def close(self) -> None:
         """Close the connection."""
         self._conn.close()
-
