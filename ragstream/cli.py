@@ -84,6 +84,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from ragstream.bench import embedder
 
         _print_json(embedder.run(n=args.n, batch_size=args.batch_size))
+    elif args.target == "cdc":
+        from ragstream.bench import cdc
+
+        _print_json(
+            cdc.run(
+                changes=args.changes,
+                rate=args.rate,
+                snapshot_rows=args.snapshot_rows,
+                poll_interval_ms=args.poll_interval_ms,
+            )
+        )
     elif args.target == "reconcile":
         from ragstream.bench import reconcile
 
@@ -437,7 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_chunk_preview)
 
     p = sub.add_parser("bench", help="benchmarks (JSON output)")
-    p.add_argument("target", choices=["store", "embedder", "ingest", "retrieve", "reconcile"])
+    p.add_argument(
+        "target", choices=["store", "embedder", "ingest", "retrieve", "reconcile", "cdc"]
+    )
     p.add_argument("--points", type=int, default=100_000, help="retrieve/reconcile: chunks")
     p.add_argument("--concurrency", default="1,8", help="retrieve: client concurrency levels")
     p.add_argument("--entities", type=int, default=300, help="ingest: cold-ingest entities")
@@ -448,6 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queries", type=int, default=200, help="store/retrieve: queries per run")
     p.add_argument("--n", type=int, default=300, help="embedder: passages")
     p.add_argument("--batch-size", type=int, default=32, help="embedder: batch size")
+    p.add_argument("--changes", type=int, default=200, help="cdc: changes at a steady rate")
+    p.add_argument("--rate", type=float, default=5.0, help="cdc: changes per second")
+    p.add_argument("--snapshot-rows", type=int, default=10_000, help="cdc: rows to snapshot")
+    p.add_argument(
+        "--poll-interval-ms", type=int, default=None, help="cdc: Debezium poll.interval.ms"
+    )
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("ingest", help="run the ingest worker (settings from RAGSTREAM_* env)")
