@@ -233,6 +233,7 @@ def _is_transaction_marker(payload: Mapping[str, Any]) -> bool:
     """A BEGIN/END record of Debezium's transaction metadata topic."""
     return (
         "op" not in payload
+        and not {"source", "before", "after"} & payload.keys()
         and payload.get("status") in ("BEGIN", "END")
         and isinstance(payload.get("id"), str)
     )

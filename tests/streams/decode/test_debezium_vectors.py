@@ -1114,3 +1114,17 @@ def test_full_envelope_in_unwrapped_mode_is_refused() -> None:
 def test_inconsistent_decode_options_are_a_config_error(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         DecodeOptions(**kwargs)
+
+
+@pytest.mark.unit
+def test_a_transaction_boundary_record_is_recognised_not_refused() -> None:
+    # what provide.transaction.metadata=true writes to `<prefix>.transaction`
+    value = {
+        "status": "END",
+        "id": "571:53195832",
+        "event_count": 2,
+        "ts_ms": 1,
+        "data_collections": [{"data_collection": "public.entities", "event_count": 2}],
+    }
+    event = decode_record(_record(_json(value), topic="sor.transaction"))
+    assert event.kind is RecordKind.TRANSACTION
