@@ -127,41 +127,53 @@ def _cmd_query(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         data_dir=args.data_dir,
     )
-    print_pack(pack, as_json=args.json)
+    print_pack(pack, as_json=args.json, detail=args.detail, scores=args.scores)
     return 0
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from ragstream.eval import GOLDEN_PATH
-    from ragstream.eval.beir import load_beir
-    from ragstream.eval.dataset import load_evalset
     from ragstream.eval.gate import check_gate, load_gate
-    from ragstream.eval.manpages import load_pinned
-    from ragstream.eval.report import write_report
-    from ragstream.eval.runner import DEFAULT_CONFIGS, comparison, run_eval
+    from ragstream.eval.metrics import result_reliability
+    from ragstream.eval.report import summary_table, write_report
+    from ragstream.eval.runner import DEFAULT_CONFIGS, ConfigResult, comparison, run_eval
+    from ragstream.eval.sets import load_named
+    from retrieval_api.calibration import CalibrationSettings
 
-    if args.dataset == "golden":
-        evalset = load_evalset(GOLDEN_PATH)
-    elif args.dataset == "manpages":
-        loaded = load_pinned()
-        if loaded.evalset is None:
-            raise RagstreamError(f"man-page benchmark unavailable: {loaded.skipped_reason}")
-        evalset = loaded.evalset
-    elif args.dataset.startswith("beir:"):
-        evalset = load_beir(Path(args.dataset[5:]), tenant="beir")
-    else:
-        evalset = load_evalset(Path(args.dataset))
+    evalset = load_named(args.dataset, beir_dir=args.beir_dir)
     names = args.configs.split(",") if args.configs else list(DEFAULT_CONFIGS)
     unknown = [n for n in names if n not in DEFAULT_CONFIGS]
     if unknown:
         raise RagstreamError(f"unknown configurations {unknown}; known: {list(DEFAULT_CONFIGS)}")
+    baselines = args.baselines.split(",") if args.baselines else []
+    if baselines:
+        # bm25s is a `dev` dependency: import it only when a baseline is asked for
+        from ragstream.eval.lexical import BASELINES
+
+        unknown = [n for n in baselines if n not in BASELINES]
+        if unknown:
+            raise RagstreamError(f"unknown baselines {unknown}; known: {list(BASELINES)}")
     print(
         f"evaluating {evalset.name}: {len(evalset.entities)} entities, "
-        f"{len(evalset.queries)} queries, configurations {names}",
+        f"{len(evalset.queries)} queries, configurations {names}, baselines {baselines}",
         file=sys.stderr,
         flush=True,
     )
-    results = run_eval(evalset, configs={n: DEFAULT_CONFIGS[n] for n in names}, top_k=args.top_k)
+    calibration = CalibrationSettings(
+        positives=args.calibration_queries,
+        negatives=args.calibration_queries,
+        seed=args.seed,
+        max_false_abstention=args.max_false_abstention,
+    )
+    results = run_eval(
+        evalset,
+        configs={n: DEFAULT_CONFIGS[n] for n in names},
+        top_k=args.top_k,
+        calibrate=not args.no_calibrate,
+        calibration=calibration,
+        cache_dir=args.cache_dir,
+    )
+    for name in baselines:
+        results.append(ConfigResult(name, {"baseline": name}, BASELINES[name](evalset, args.top_k)))
     doc: dict[str, Any] = {
         "dataset": {
             "name": evalset.name,
@@ -170,18 +182,19 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         },
         "configs": {r.name: {"overrides": r.overrides, **r.result.to_dict()} for r in results},
         "significance": comparison(results) if len(results) > 1 else {},
+        "reliability": {
+            r.name: [b.to_dict() for b in result_reliability(r.result)]
+            for r in results
+            if r.name not in baselines
+        },
     }
-    metrics = ["recall@5", "mrr@10", "ndcg@5", "hit@1", "abstention_precision"]
-    metrics += ["abstention_recall", "latency_p95_ms"]
-    table = [f"{'config':<16}" + "".join(f"{m:>22}" for m in metrics)]
-    for r in results:
-        agg = r.result.aggregates
-        cells = ["n/a" if agg.get(m) is None else f"{agg[m]:.3f}" for m in metrics]
-        table.append(f"{r.name:<16}" + "".join(f"{c:>22}" for c in cells))
-    print("\n".join(table), file=sys.stderr)
+    aggregates = {r.name: r.result.aggregates for r in results}
+    print(summary_table(aggregates, doc["significance"]), file=sys.stderr)
     code = 0
     if args.gate is not None:
-        gate = check_gate(results[0].result.aggregates, load_gate(args.gate))
+        gate = check_gate(
+            results[0].result.aggregates, load_gate(args.gate), results[0].result.by_kind
+        )
         doc["gate"] = {"file": str(args.gate), "passed": gate.passed, "summary": gate.summary()}
         print(gate.summary(), file=sys.stderr)
         code = 0 if gate.passed else 1
@@ -191,6 +204,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             {r.name: dict(r.result.aggregates) for r in results},
             {r.name: [row.to_dict() for row in r.result.rows] for r in results},
             title=f"ragstream evaluation: {evalset.name}",
+            reliability=doc["reliability"],
         )
         print(f"report: {paths}", file=sys.stderr)
     if args.json is not None:
@@ -198,6 +212,76 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     else:
         _print_json(doc)
     return code
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from ragstream.embedders import build_embedder
+    from ragstream.embedders.models import EmbeddingModels
+    from ragstream.rerankers import build_reranker
+    from ragstream.sparse import Bm25Encoder
+    from ragstream.wiring import build_registry, build_store, payload_schema
+    from retrieval_api.calibration import CalibrationSettings, calibrate_version
+    from retrieval_api.candidates import CandidateSearch
+    from retrieval_api.settings import RetrieveSettings
+
+    settings = RetrieveSettings()
+    store = build_store(settings.store, payload_schema(settings.plan))
+    owned: list[Any] = [store]
+    try:
+        registry = build_registry(settings.store, store)
+        index = registry.lookup(args.tenant, args.version)
+        primary = build_embedder(settings.embedder)
+        owned.append(primary)
+        others = []
+        if settings.next_embedder is not None:
+            others.append(build_embedder(settings.next_embedder))
+            owned.append(others[-1])
+        encoder = Bm25Encoder()
+        embedder = EmbeddingModels(primary, others).for_manifest(
+            index.manifest, encoder.model_version
+        )
+        reranker = None
+        if settings.retrieval.rerank_enabled and settings.reranker is not None:
+            reranker = build_reranker(settings.reranker)
+            owned.append(reranker)
+        search = CandidateSearch(
+            config=settings.retrieval,
+            encoder=encoder,
+            store=store,
+            registry=registry,
+            rerank=reranker.score if reranker is not None else None,
+        )
+        calibration = calibrate_version(
+            search,
+            registry,
+            index,
+            embedder,
+            store,
+            settings=CalibrationSettings(
+                positives=args.queries,
+                negatives=args.queries,
+                seed=args.seed,
+                max_false_abstention=args.max_false_abstention,
+            ),
+            with_rerank=reranker is not None,
+            progress=lambda line: print(f"calibrate: {line}", file=sys.stderr, flush=True),
+        )
+        t = calibration.thresholds
+        _print_json(
+            {
+                "tenant": index.tenant,
+                "version": index.version,
+                "index": index.collection,
+                "fingerprint": calibration.fingerprint,
+                "order": calibration.ranking.label,
+                "thresholds": {"hard": t.hard, "medium": t.medium, "high": t.high},
+                "report": calibration.report,
+            }
+        )
+    finally:
+        for part in reversed(owned):
+            part.close()
+    return 0
 
 
 def _cmd_reconcile(args: argparse.Namespace) -> int:
@@ -238,7 +322,7 @@ def _cmd_reindex(args: argparse.Namespace) -> int:
 
     from ragstream.errors import ConfigError
     from ragstream.eval.parity import ParitySettings
-    from ragstream.reindex import ReindexOptions, reindex, retriever_search
+    from ragstream.reindex import ReindexOptions, calibrate_with, reindex, retriever_search
     from ragstream.settings import IngestSettings
     from ragstream.sparse import Bm25Encoder
     from retrieval_api.metrics import RetrieveMetrics
@@ -295,6 +379,7 @@ def _cmd_reindex(args: argparse.Namespace) -> int:
             sor=worker.sor,
             sparse_encoder=sparse.model_version,
             search=None if args.skip_parity else retriever_search(retriever, parity.top_k),
+            calibrate=None if args.skip_calibration else calibrate_with(retriever, embedder),
             options=options,
             progress=lambda line: print(f"reindex: {line}", file=sys.stderr, flush=True),
         )
@@ -486,18 +571,79 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index-version", default="", help="pin an index version (default: active)")
     p.add_argument("--timeout", type=float, default=10.0, help="deadline in seconds")
     p.add_argument("--json", action="store_true", help="print the pack as JSON")
+    p.add_argument(
+        "--detail", action="store_true", help="list every excluded chunk (default: counts)"
+    )
+    p.add_argument(
+        "--scores",
+        choices=["both", "order", "evidence"],
+        default="both",
+        help="scores shown per result: the one that ordered them, the evidence score, or both",
+    )
     p.add_argument("--data-dir", type=Path, default=Path("data"), help="dev stack (tokens)")
     p.set_defaults(func=_cmd_query)
 
+    p = sub.add_parser(
+        "calibrate",
+        help="fit an index version's evidence score (self-supervised) and store it with the index",
+    )
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--version", type=int, default=None, help="index version (default: active)")
+    p.add_argument(
+        "--queries", type=int, default=150, help="self-supervised positives (and negatives)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated queries")
+    p.add_argument(
+        "--max-false-abstention",
+        type=float,
+        default=0.2,
+        help="the hard threshold keeps at most this share of held-out answerable queries "
+        "from abstaining (lower: fewer false NO_EVIDENCE, more answers to unanswerable queries)",
+    )
+    p.set_defaults(func=_cmd_calibrate)
+
     p = sub.add_parser("eval", help="evaluate retrieval quality through the real Retrieve path")
     p.add_argument(
-        "--dataset", default="golden", help="golden | manpages | beir:<dir> | <evalset.json>"
+        "--dataset",
+        default="golden",
+        help="golden | manpages | faqs | beir:<dir> | <evalset.json>",
+    )
+    p.add_argument(
+        "--baselines",
+        default=None,
+        help="in-process lexical baselines beside the configurations: bm25s, bm25s_k1.2, "
+        "ragstream_bm25_doc (comma-separated)",
+    )
+    p.add_argument(
+        "--beir-dir", type=Path, default=None, help="faqs: keep the BEIR files written here"
     )
     p.add_argument("--configs", default=None, help="comma-separated configurations")
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--gate", type=Path, default=None, help="fail (exit 1) below these floors")
     p.add_argument("--report", type=Path, default=None, help="write JSON + HTML report here")
     p.add_argument("--json", type=Path, default=None, help="write the full JSON here")
+    p.add_argument(
+        "--cache-dir", type=Path, default=None, help="keep the embedding cache here between runs"
+    )
+    p.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="score with the prior model instead of calibrating each index first",
+    )
+    p.add_argument(
+        "--calibration-queries",
+        type=int,
+        default=150,
+        help="self-supervised positives (and as many negatives) per index",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the calibration queries")
+    p.add_argument(
+        "--max-false-abstention",
+        type=float,
+        default=0.2,
+        help="calibration: the hard threshold keeps at most this share of held-out "
+        "answerable queries from abstaining",
+    )
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser(
@@ -523,6 +669,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parity-sample", type=int, default=200, help="known-item queries")
     p.add_argument("--parity-top-k", type=int, default=10)
     p.add_argument("--skip-parity", action="store_true", help="no gate at all")
+    p.add_argument(
+        "--skip-calibration",
+        action="store_true",
+        help="do not fit the new version's evidence score (it is scored by the prior model)",
+    )
     p.add_argument("--force", action="store_true", help="switch even if the parity gate fails")
     p.add_argument("--no-switch", action="store_true", help="build and gate only")
     p.add_argument("--grace-s", type=float, default=600.0, help="before retiring the old one")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
-from typing import TextIO
+from typing import Literal, TextIO
 
 import grpc
 from google.protobuf.json_format import MessageToDict
@@ -70,8 +71,34 @@ def _dev_token(tenant: str, data_dir: Path) -> str:
     return next(iter(tokens.values()))
 
 
-def print_pack(pack: pb.EvidencePack, *, as_json: bool, out: TextIO = sys.stdout) -> None:
-    """Readable text (rank, score, title, locator, snippet, exclusions) or JSON."""
+ScoreView = Literal["both", "order", "evidence"]
+
+
+def _score_label(result: pb.Result, scores: ScoreView) -> str:
+    order = f"order {result.scores.order:.4f}"
+    evidence = f"evidence {result.scores.final:.2f}"
+    if scores == "order":
+        return order
+    if scores == "evidence":
+        return evidence
+    return f"{order}  {evidence}"
+
+
+def print_pack(
+    pack: pb.EvidencePack,
+    *,
+    as_json: bool,
+    out: TextIO = sys.stdout,
+    detail: bool = False,
+    scores: ScoreView = "both",
+) -> None:
+    """Readable text or JSON.
+
+    Text: a header (status, index, model, confidence), what ordered the results and what the
+    evidence score is, then the results *in the order returned* with the score that ordered them
+    and the evidence score (labelled; `scores` picks one), title, locator, matched identifiers
+    and a snippet; exclusions summarised per reason (`detail` lists each one); stage timings.
+    """
     if as_json:
         doc = MessageToDict(pack, preserving_proto_field_name=True)
         out.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
@@ -82,17 +109,40 @@ def print_pack(pack: pb.EvidencePack, *, as_json: bool, out: TextIO = sys.stdout
         f"{status}  tenant={pack.tenant} index={pack.index_name} "
         f"model={pack.embedding_model_version} confidence={confidence}\n"
     )
+    if pack.status != pb.RETRIEVAL_STATUS_FAILED:
+        calibration = pack.calibration
+        fitted = (
+            f"fitted {calibration.fingerprint}"
+            if calibration.source == "fitted"
+            else "prior model: run `ragstream calibrate`"
+        )
+        out.write(
+            f"ordered by {pack.order_by or 'score'}; evidence = calibrated estimate that the "
+            f"chunk answers ({fitted}), threshold {pack.min_score:.2f}\n"
+        )
     for result in pack.results:
         loc = result.locator
         where = " > ".join(loc.section_path) or f"chunk {loc.chunk_index}"
         snippet = " ".join(result.text.split())[:160]
+        matched = (
+            f"  [matches {', '.join(result.matched_identifiers)}]"
+            if result.matched_identifiers
+            else ""
+        )
         out.write(
-            f"{result.rank:>2}. [{result.scores.final:.3f}] {result.title or result.entity_id}"
-            f"  ({result.entity_id}, {where}, chars {loc.char_start}-{loc.char_end})\n"
+            f"{result.rank:>2}. [{_score_label(result, scores)}] "
+            f"{result.title or result.entity_id}"
+            f"  ({result.entity_id}, {where}, chars {loc.char_start}-{loc.char_end}){matched}\n"
             f"    {snippet}\n"
         )
+    reasons: Counter[str] = Counter()
     for item in pack.excluded:
-        reason = pb.ExclusionReason.Name(item.reason).removeprefix("EXCLUSION_REASON_")
-        out.write(f"    excluded {item.chunk_id}: {reason.lower()}\n")
+        reason = pb.ExclusionReason.Name(item.reason).removeprefix("EXCLUSION_REASON_").lower()
+        reasons[reason] += 1
+        if detail:
+            out.write(f"    excluded {item.chunk_id}: {reason} (evidence {item.score:.2f})\n")
+    if reasons and not detail:
+        summary = ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items()))
+        out.write(f"excluded: {summary} (--detail lists them)\n")
     timings = ", ".join(f"{k}={pack.timings_ms[k]:.1f}ms" for k in sorted(pack.timings_ms))
     out.write(f"timings: {timings}\n")

@@ -14,7 +14,10 @@ The steps, and why they are safe while the active version keeps serving and chan
 4. *Catch up*: reconcile N+1 against the SoR and repair until no drift is left. This closes
    the races a snapshot cannot (a delete applied before the snapshot's older copy landed, a
    change a worker applied before it saw N+1, a SoR without `updated_at`).
-5. *Parity gate*: the same queries through Retrieve against both versions, scored by the
+5. *Calibrate* N+1's evidence score (`ragstream calibrate`'s fit: self-supervised queries from
+   its own chunks) and store it with the version, so the gate and then the callers see the
+   version as it will serve.
+   *Parity gate*: the same queries through Retrieve against both versions, scored by the
    evaluation harness; a drop beyond the tolerance refuses the switch (and retires N+1)
    unless overridden.
 6. *Switch*: a last catch-up round, mark N+1 ready, move the active pointer (one atomic file
@@ -47,6 +50,7 @@ from ragstream.eval.parity import (
 from ragstream.sor.base import SystemOfRecord
 from ragstream.store.base import StoreFilter, VectorStore
 from ragstream.store.registry import IndexManifest, IndexRegistry, manifest_matches
+from retrieval_api.calibration import calibrate_version
 from retrieval_api.service import Retriever
 from retrieval_api.validate import validate_request
 from schemas.entities import Entity
@@ -57,6 +61,8 @@ from streams.reconcile import entity_states
 
 Outcome = Literal["switched", "built", "parity_failed", "drift"]
 Progress = Callable[[str], None]
+#: Fits and stores the evidence calibration of one version of the tenant; returns a summary.
+CalibrateFn = Callable[[str, int, Progress], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,7 @@ class ReindexReport:
     catchup: list[dict[str, Any]] = field(default_factory=list)
     parity: dict[str, Any] | None = None
     parity_overridden: bool = False
+    calibration: dict[str, Any] | None = None
     points: int = 0
     outcome: Outcome = "built"
     retired: list[int] = field(default_factory=list)
@@ -114,6 +121,7 @@ class ReindexReport:
             "catchup": self.catchup,
             "parity": self.parity,
             "parity_overridden": self.parity_overridden,
+            "calibration": self.calibration,
             "points": self.points,
             "retired": self.retired,
             "dropped": self.dropped,
@@ -176,8 +184,10 @@ def reindex(
     options: ReindexOptions | None = None,
     progress: Progress = lambda _line: None,
     sleep: Callable[[float], None] = time.sleep,
+    calibrate: CalibrateFn | None = None,
 ) -> ReindexReport:
-    """Run the steps of the module docstring; `search` runs parity queries (None: no gate).
+    """Run the steps of the module docstring; `search` runs parity queries (None: no gate),
+    `calibrate` fits the new version's evidence score (None: the prior model scores it).
 
     `handler` is an ingest worker's handler: its decoding, planning and SoR reader are reused,
     writing only to the new version with `embedder` and `preparer`.
@@ -206,6 +216,7 @@ def reindex(
         sor=sor,
         options=options,
         progress=progress,
+        calibrate=calibrate,
     )
     try:
         job.run(manifest.index_name, search, sleep)
@@ -223,6 +234,7 @@ class _Job:
     sor: SystemOfRecord
     options: ReindexOptions
     progress: Progress
+    calibrate: CalibrateFn | None = None
 
     def run(self, collection: str, search: SearchFn | None, sleep: Callable[[float], None]) -> None:
         report, options, registry = self.report, self.options, self.registry
@@ -236,6 +248,8 @@ class _Job:
         self.snapshot()
         if not self.catch_up(options.max_catchup_rounds):
             return
+        if self.calibrate is not None:
+            report.calibration = self.calibrate(tenant, new, self.progress)
         if old is not None and old != new and search is not None:
             parity = self.parity(search, old)
             report.parity = parity.to_dict()
@@ -387,9 +401,36 @@ def _deltas(deltas: dict[str, float]) -> str:
     return ", ".join(f"{m} {d:+.4f}" for m, d in deltas.items())
 
 
+def calibrate_with(retriever: Retriever, embedder: Embedder) -> CalibrateFn:
+    """Fit a version's evidence calibration with the Retrieve pipeline's own candidate stage
+    (and reranker, when it runs one) and store it with the version."""
+
+    def calibrate(tenant: str, version: int, progress: Progress) -> dict[str, Any]:
+        index = retriever.registry.lookup(tenant, version)
+        fitted = calibrate_version(
+            retriever.search,
+            retriever.registry,
+            index,
+            embedder,
+            retriever.store,
+            with_rerank=retriever.reranks,
+            progress=progress,
+        )
+        return {
+            "fingerprint": fitted.fingerprint,
+            "order": fitted.ranking.label,
+            "hard_threshold": fitted.thresholds.hard,
+            "held_out": fitted.report.get("held_out"),
+        }
+
+    return calibrate
+
+
 def retriever_search(retriever: Retriever, top_k: int) -> SearchFn:
     """Parity queries through the real Retrieve pipeline (validation, hybrid search, ranking,
-    SoR verification), pinned to one version per call; no audit (no publisher)."""
+    SoR verification), pinned to one version per call; no audit (no publisher). The hard
+    threshold is off (override 0): each version's thresholds come from its own calibration, so
+    the gate compares rankings, not two calibrations' abstentions."""
 
     def search(query: EvalQuery, version: int) -> QueryRun:
         request = pb.RetrieveRequest(
@@ -397,6 +438,7 @@ def retriever_search(retriever: Retriever, top_k: int) -> SearchFn:
             top_k=top_k,
             index_version=str(version),
             request_id=f"parity-{query.query_id}",
+            min_similarity_override=retriever.config.min_similarity_override_min,
         )
         validated = validate_request(request, retriever.config, query.tenant)
         pack = retriever.retrieve(validated)

@@ -1,7 +1,8 @@
 """Settings of the Retrieve pipeline: request bounds, candidate over-fetch, fusion, thresholds.
 
 Everything a request may not override lives here (seed 001 §3.4); the only request-side knob is
-`min_similarity_override`, checked against `min_similarity_override_min/max`.
+`min_similarity_override` (the hard threshold on the evidence score), checked against
+`min_similarity_override_min/max`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ragstream.fusion import FusionMethod
 from ragstream.store.base import CHUNK_ID, ENTITY_ID, ENTITY_TYPE, EVENT_DATE, TENANT_ID
-from retrieval_api.ranking import ScoreKind, Thresholds
+from retrieval_api.ranking import Order, ScoreKind, Thresholds
 
 #: How a keyword filter field's values are typed in the payload (and parsed from the request).
 KeywordKind = Literal["keyword", "integer", "bool"]
@@ -57,24 +58,65 @@ class RetrievalConfig(BaseModel):
     )
     max_candidate_k: int = Field(default=200, ge=1, le=10_000, description="Cap on candidate_k.")
     hybrid: bool = Field(default=True, description="Run the sparse (BM25-style) branch and fuse.")
-    fusion_method: FusionMethod = "rrf"
-    dense_weight: float = Field(default=1.0, ge=0, allow_inf_nan=False)
-    sparse_weight: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    # convex 0.5 / 0.5: the best fixed order on the golden, man-page and FAQ sets (README)
+    fusion_method: FusionMethod = Field(
+        default="convex",
+        description="rrf, convex (min-max) or dbsf (mean +- 3 sd), over the cosine and exact "
+        "BM25 of every candidate; used when `order` is `fused`.",
+    )
+    dense_weight: float = Field(
+        default=0.5, ge=0, allow_inf_nan=False, description="0: no dense candidates."
+    )
+    sparse_weight: float = Field(
+        default=0.5, ge=0, allow_inf_nan=False, description="0: no sparse candidates."
+    )
     rrf_k: float = Field(default=60.0, ge=0, allow_inf_nan=False)
+    identifier_search: bool = Field(
+        default=True,
+        description="Also fetch the chunks that contain an identifier of the query (error "
+        "code, ticket or part number) that occurs in the index.",
+    )
 
     # --- ranking ---
     dedup_per_entity: bool = Field(
         default=True, description="Keep only the best chunk of each entity."
     )
-    order: Literal["final", "fused"] = Field(
+    order: Order = Field(
         default="fused",
         description=(
-            "Result order: the calibrated score, or the fusion order (thresholds and confidence "
-            "always use the calibrated score). A reranker always orders by its score."
+            "Result order: `fused` = `fusion_method` with these weights over the cosine and "
+            "exact BM25 of every candidate; `calibrated` = the order the index's calibration "
+            "chose with its self-supervised queries; `evidence` (or `final`) = the evidence "
+            "score. Thresholds and confidence always use the evidence score."
         ),
     )
+    identifier_priority: bool = Field(
+        default=True,
+        description="Chunks holding an identifier of the query rank first and are never "
+        "excluded as below threshold.",
+    )
     rerank_enabled: bool = False
-    # hard 0.30: the highest cosine cut that keeps Recall@5 >= 0.80 on the golden set
+    evidence_thresholds: ThresholdConfig | None = Field(
+        default=None,
+        description="Thresholds on the evidence score (a probability); None: those the "
+        "index's calibration chose.",
+    )
+    supporting_ratio: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="Once a chunk reaches the hard evidence threshold, further chunks are kept "
+        "down to hard x this (supporting evidence); 1 = every chunk needs the hard threshold.",
+    )
+    calibration_reload_s: float = Field(
+        default=5.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="How long a loaded calibration is used before the registry is read again.",
+    )
+    # Legacy score kinds (a cosine or a reranker's score as the final score); the pipeline
+    # thresholds the evidence score. hard 0.30: the cosine cut of the seed's golden-set floor.
     cosine_thresholds: ThresholdConfig = ThresholdConfig(hard=0.30, medium=0.40, high=0.60)
     # Rerankers are expected to report a relevance probability in [0, 1] (sigmoid of the logit).
     rerank_thresholds: ThresholdConfig = ThresholdConfig(hard=0.10, medium=0.50, high=0.80)
@@ -118,18 +160,39 @@ class RetrievalConfig(BaseModel):
 
     @property
     def score_kind(self) -> ScoreKind:
-        """The calibrated score thresholds apply to when every stage runs as configured."""
-        return ScoreKind.RERANK if self.rerank_enabled else ScoreKind.COSINE
+        """The calibrated score thresholds apply to: the evidence score (a reranker's score,
+        when one runs, is one of its inputs)."""
+        return ScoreKind.EVIDENCE
 
     def candidate_k(self, top_k: int) -> int:
         """Candidates to fetch for `top_k` results: top_k x multiplier, capped."""
         return min(top_k * self.candidate_multiplier, self.max_candidate_k)
 
-    def thresholds(self, kind: ScoreKind, override: float | None = None) -> Thresholds:
+    def thresholds(
+        self,
+        kind: ScoreKind,
+        override: float | None = None,
+        *,
+        calibrated: Thresholds | None = None,
+    ) -> Thresholds:
         """The thresholds of `kind`, the hard one replaced by a (validated) request override.
 
-        An override above a soft threshold lifts it too, so the classes stay ordered.
+        Evidence thresholds are `evidence_thresholds` when set, else `calibrated` (those the
+        index's calibration chose; ValueError when neither is given). An override above a soft
+        threshold lifts it too, so the classes stay ordered.
         """
-        base = self.cosine_thresholds if kind is ScoreKind.COSINE else self.rerank_thresholds
+        base: ThresholdConfig | Thresholds
+        if kind is ScoreKind.EVIDENCE:
+            if self.evidence_thresholds is not None:
+                base = self.evidence_thresholds
+            elif calibrated is not None:
+                base = calibrated
+            else:
+                raise ValueError("evidence thresholds come from the index's calibration")
+        elif kind is ScoreKind.COSINE:
+            base = self.cosine_thresholds
+        else:
+            base = self.rerank_thresholds
         hard = base.hard if override is None else override
-        return Thresholds(hard, max(base.medium, hard), max(base.high, hard))
+        floor = hard * self.supporting_ratio if kind is ScoreKind.EVIDENCE else None
+        return Thresholds(hard, max(base.medium, hard), max(base.high, hard), floor)

@@ -7,6 +7,10 @@ DELETED / STALE / MISSING ones are excluded with their reason (the caller publis
 request for each, see `reindex_requests`). Results are never fabricated: with no OK chunk the
 status is NO_EVIDENCE.
 
+A pack with results always holds a chunk at or above the hard threshold (or one holding an
+identifier of the query): when the SoR check leaves only supporting chunks (kept down to the
+ranking's floor), they are excluded as below threshold and the status is NO_EVIDENCE.
+
 Determinism: the pack depends only on its inputs (the clock is an input: `retrieved_at`), and
 `serialize_pack` writes maps in key order, so identical inputs give identical bytes.
 """
@@ -109,6 +113,15 @@ def verdicts_from_sor(
 
 
 @dataclass(frozen=True, slots=True)
+class CalibrationInfo:
+    """Which evidence calibration scored the request (`EvidencePack.calibration`)."""
+
+    source: str  # "fitted" or "prior"
+    fingerprint: str
+    fitted_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class IndexInfo:
     """The resolved index version and its manifest's identity."""
 
@@ -136,6 +149,7 @@ _CONFIDENCE: Mapping[Confidence, pb.Confidence.ValueType] = {
 _SCORE_KIND: Mapping[ScoreKind, pb.ScoreKind.ValueType] = {
     ScoreKind.COSINE: pb.SCORE_KIND_COSINE,
     ScoreKind.RERANK: pb.SCORE_KIND_RERANK,
+    ScoreKind.EVIDENCE: pb.SCORE_KIND_EVIDENCE,
 }
 _VERDICT_REASON: Mapping[Verdict, ExclusionReason] = {
     Verdict.DELETED: ExclusionReason.DELETED,
@@ -202,7 +216,13 @@ def _locator(payload: Mapping[str, Any]) -> pb.Locator:
 def _scores(chunk: RankedChunk) -> pb.Scores:
     cand = chunk.candidate
     hit = cand.hit
-    scores = pb.Scores(fused=hit.score, final=chunk.final, similarity=cand.similarity)
+    scores = pb.Scores(
+        fused=hit.score, order=hit.score, final=chunk.final, similarity=cand.similarity
+    )
+    if cand.evidence is not None:
+        scores.evidence = cand.evidence
+    if cand.lexical is not None:
+        scores.lexical = cand.lexical
     if hit.dense_score is not None:
         scores.dense = hit.dense_score
     if hit.sparse_score is not None:
@@ -231,6 +251,7 @@ def _result(
         locator=_locator(payload),
         source_hash=_str(payload, SOURCE_HASH),
         source_reference=source_reference(payload, tenant),
+        matched_identifiers=list(chunk.candidate.identifiers),
     )
     event_date = payload_datetime(payload.get(EVENT_DATE))
     if event_date is not None:
@@ -302,6 +323,8 @@ def build_pack(
     timings_ms: Mapping[str, float],
     candidate_k: int | None = None,
     attribute_fields: Sequence[str] = (),
+    calibration: CalibrationInfo | None = None,
+    lexical_details: Mapping[str, tuple[float, float]] | None = None,
 ) -> pb.EvidencePack:
     """Assemble the pack of a search that ran (status SUCCESS or NO_EVIDENCE).
 
@@ -310,6 +333,8 @@ def build_pack(
     `retrieved_at` is when the SoR was read; `candidate_k` defaults to the request's (pass
     what was actually asked of the store if it differs). `attribute_fields` are the payload
     fields copied into `Result.attributes` (e.g. the configured keyword filter fields).
+    `calibration` names the evidence calibration that scored the candidates; `lexical_details`
+    maps chunk_id -> (normalised BM25, coverage) for the results' scores.
     """
     checked_at = _timestamp(retrieved_at)
     results: list[pb.Result] = []
@@ -324,12 +349,29 @@ def build_pack(
             raise ValueError(f"no SoR verdict for chunk {chunk.chunk_id!r}")
         verified += 1
         if verdict is Verdict.OK:
-            results.append(_result(len(results) + 1, chunk, request.tenant, attribute_fields))
+            result = _result(len(results) + 1, chunk, request.tenant, attribute_fields)
+            detail = (lexical_details or {}).get(chunk.chunk_id)
+            if detail is not None:
+                result.scores.lexical_normalized, result.scores.coverage = detail
+            results.append(result)
             continue
         reason = _VERDICT_REASON[verdict]
         verification[reason] += 1
         excluded.append(_exclusion(Excluded(chunk.chunk_id, chunk.entity_id, reason, chunk.final)))
 
+    if results and not any(
+        r.scores.final >= ranking.thresholds.hard or r.matched_identifiers for r in results
+    ):
+        # only supporting chunks survived the SoR check: no chunk carries the evidence
+        for r in results:
+            excluded.append(
+                _exclusion(
+                    Excluded(
+                        r.chunk_id, r.entity_id, ExclusionReason.BELOW_THRESHOLD, r.scores.final
+                    )
+                )
+            )
+        results = []
     status = pb.RETRIEVAL_STATUS_SUCCESS if results else pb.RETRIEVAL_STATUS_NO_EVIDENCE
     confidence = (
         ranking.thresholds.classify(results[0].scores.final) if results else Confidence.NONE
@@ -348,6 +390,7 @@ def build_pack(
         score_kind=_SCORE_KIND[ranking.score_kind],
         min_score=ranking.thresholds.hard,
         confidence=_CONFIDENCE[confidence],
+        order_by=ranking.order_by,
         results=results,
         sources=[_source(r, checked_at) for r in results],
         excluded=excluded,
@@ -363,6 +406,14 @@ def build_pack(
             verified=verified,
         ),
     )
+    if calibration is not None:
+        pack.calibration.CopyFrom(
+            pb.Calibration(
+                source=calibration.source,
+                fingerprint=calibration.fingerprint,
+                fitted_at=_timestamp(calibration.fitted_at),
+            )
+        )
     _set_timings(pack, timings_ms)
     return pack
 

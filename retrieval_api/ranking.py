@@ -1,13 +1,19 @@
-"""From fused candidates to the ordered results of a request (pure; DESIGN decision 9).
+"""From scored candidates to the ordered results of a request (pure; DESIGN decision 9).
 
-Thresholds apply to a *calibrated* score only: the cosine similarity of query and chunk, or the
-reranker's score when a reranker ran. The fused score (RRF or convex) orders candidates inside
-the store's hybrid search but is never compared to a threshold: an RRF value says where a hit
-ranked, not how relevant it is.
+Thresholds apply to a *calibrated* score only: the evidence score (`retrieval_api.evidence_score`:
+an estimate in [0, 1] that the chunk answers the query, fitted per index), or in the legacy
+kinds the cosine or a reranker's score. The score that orders candidates (a fusion of the cosine
+and exact BM25, or the evidence score itself, chosen per index) is never compared to a threshold:
+an RRF value says where a hit ranked, not how relevant it is.
 
-Steps, over candidates sorted by (final score desc, chunk_id asc, point id asc):
+Steps, over candidates sorted by (matched query identifiers desc, order score desc, chunk_id asc,
+point id asc):
 1. re-check the request's filters on each payload (defence in depth; a tenant mismatch raises);
-2. hard threshold on the final score -> BELOW_THRESHOLD;
+2. threshold on the final score -> BELOW_THRESHOLD: when no candidate reaches the hard threshold
+   every candidate is below it (NO_EVIDENCE); when one does, others are kept down to the
+   supporting floor (`Thresholds.floor`). A chunk that contains an identifier of the query (an
+   error code, ticket or part number that occurs in the tenant's corpus) is never excluded as
+   below threshold in favour of chunks without it, and it ranks before them;
 3. the same chunk twice, or (when enabled) a worse chunk of an already kept entity -> DUPLICATE;
 4. the first `top_k` survivors are the results; the rest stay in `reserve`, so the evidence stage
    can backfill when the SoR check excludes a result.
@@ -41,6 +47,7 @@ class ScoreKind(StrEnum):
 
     COSINE = "cosine"
     RERANK = "rerank"
+    EVIDENCE = "evidence"
 
 
 class Confidence(StrEnum):
@@ -66,11 +73,15 @@ class ExclusionReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    """Hard threshold (below it a chunk is excluded) and soft ones (confidence classes)."""
+    """Hard threshold (a pack needs a chunk at or above it, else NO_EVIDENCE), soft ones
+    (confidence classes) and `floor`: once some chunk reaches `hard`, further chunks are kept
+    down to `floor` (supporting evidence: a second relevant document scores lower than the best
+    one). `floor` None means `hard`: every chunk below `hard` is excluded."""
 
     hard: float
     medium: float
     high: float
+    floor: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("hard", "medium", "high"):
@@ -81,6 +92,13 @@ class Thresholds:
                 f"thresholds must satisfy hard <= medium <= high, got "
                 f"{self.hard} / {self.medium} / {self.high}"
             )
+        if self.floor is not None and not (math.isfinite(self.floor) and self.floor <= self.hard):
+            raise ValueError(f"floor must be finite and <= hard, got {self.floor}")
+
+    @property
+    def supporting(self) -> float:
+        """The cut for chunks after the pack has a chunk at or above `hard`."""
+        return self.hard if self.floor is None else self.floor
 
     def classify(self, score: float) -> Confidence:
         """The confidence class of a final score."""
@@ -99,18 +117,27 @@ class Candidate:
 
     `similarity` is the cosine similarity of query and chunk: the dense branch's score when that
     branch returned the hit, otherwise computed by the caller from the stored vector (see
-    `calibrate`). `rerank` is the reranker's score when a reranker ran.
+    `calibrate`). `rerank` is the reranker's score when a reranker ran, `evidence` the evidence
+    score, `lexical` the exact BM25 score. `identifiers` are the query's identifiers the chunk
+    contains; `hit.score` is the score that orders candidates.
     """
 
     hit: FusedHit
     similarity: float
     rerank: float | None = None
+    evidence: float | None = None
+    lexical: float | None = None
+    identifiers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.similarity):
-            raise ValueError(f"candidate {self.hit.chunk_id}: similarity is not finite")
-        if self.rerank is not None and not math.isfinite(self.rerank):
-            raise ValueError(f"candidate {self.hit.chunk_id}: rerank score is not finite")
+        for label, value in (
+            ("similarity", self.similarity),
+            ("rerank score", self.rerank),
+            ("evidence score", self.evidence),
+            ("lexical score", self.lexical),
+        ):
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"candidate {self.hit.chunk_id}: {label} is not finite")
 
     @property
     def chunk_id(self) -> str:
@@ -132,6 +159,10 @@ class Candidate:
         """The score thresholds and order use."""
         if kind is ScoreKind.COSINE:
             return self.similarity
+        if kind is ScoreKind.EVIDENCE:
+            if self.evidence is None:
+                raise ValueError(f"candidate {self.chunk_id} has no evidence score")
+            return self.evidence
         if self.rerank is None:
             raise ValueError(f"candidate {self.chunk_id} has no rerank score")
         return self.rerank
@@ -233,6 +264,7 @@ class Ranking:
     score_kind: ScoreKind
     thresholds: Thresholds
     top_k: int
+    order_by: str = ""
 
     @property
     def survivors(self) -> tuple[RankedChunk, ...]:
@@ -305,6 +337,11 @@ def matches_filter(payload: Mapping[str, Any], store_filter: StoreFilter) -> boo
     return all(_in_range(payload.get(name), b) for name, b in store_filter.ranges.items())
 
 
+#: Result orders: by the calibrated (final) score (`final`, or `evidence`), or by the hits'
+#: ordering score (`fused`; `calibrated` is a fused order the index's calibration chose).
+Order = Literal["final", "evidence", "fused", "calibrated"]
+
+
 def rank(
     candidates: Sequence[Candidate],
     *,
@@ -313,32 +350,46 @@ def rank(
     thresholds: Thresholds,
     score_kind: ScoreKind = ScoreKind.COSINE,
     dedup_per_entity: bool = True,
-    order: Literal["final", "fused"] = "final",
+    order: Order = "final",
+    protect_identifiers: bool = True,
+    order_by: str = "",
 ) -> Ranking:
     """Order, filter, threshold and dedup candidates; see the module docstring.
 
-    `order="final"` sorts by the calibrated score; `order="fused"` keeps the fusion order
-    (fused score desc) so both branches shape the ranking, while thresholds and confidence
-    still apply to the calibrated score. Ties break on chunk id, then point id.
+    `order="final"` (or `"evidence"`) sorts by the calibrated score; `order="fused"` (or
+    `"calibrated"`) keeps the hits' ordering score (`hit.score` desc) so both channels shape the
+    ranking, while thresholds and confidence still apply to the calibrated score; a reranker's
+    score always orders. With `protect_identifiers`, chunks holding more of the query's
+    identifiers come first and are never below threshold. Ties break on chunk id, then point id.
     """
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     scored = [(c.final(score_kind), c) for c in candidates]
-    if order == "fused" and score_kind is ScoreKind.COSINE:
-        scored.sort(key=lambda sc: (-sc[1].hit.score, sc[1].chunk_id, sc[1].point_id))
-    else:
-        scored.sort(key=lambda sc: (-sc[0], sc[1].chunk_id, sc[1].point_id))
+    by_hit = order in ("fused", "calibrated") and score_kind is not ScoreKind.RERANK
+
+    def key(sc: tuple[float, Candidate]) -> tuple[int, float, str, str]:
+        final, cand = sc
+        matched = len(cand.identifiers) if protect_identifiers else 0
+        return (-matched, -(cand.hit.score if by_hit else final), cand.chunk_id, cand.point_id)
+
+    scored.sort(key=key)
 
     survivors: list[RankedChunk] = []
     excluded: list[Excluded] = []
     seen_chunks: set[str] = set()
     seen_entities: set[str] = set()
     filtered = below = duplicates = 0
-    for final, cand in scored:
+    allowed = [matches_filter(cand.hit.payload, store_filter) for _, cand in scored]
+    has_evidence = any(
+        ok and (final >= thresholds.hard or (protect_identifiers and bool(cand.identifiers)))
+        for ok, (final, cand) in zip(allowed, scored, strict=True)
+    )
+    cut = thresholds.supporting if has_evidence else thresholds.hard
+    for ok, (final, cand) in zip(allowed, scored, strict=True):
         reason: ExclusionReason | None = None
-        if not matches_filter(cand.hit.payload, store_filter):
+        if not ok:
             reason, filtered = ExclusionReason.FILTERED, filtered + 1
-        elif final < thresholds.hard:
+        elif final < cut and not (protect_identifiers and cand.identifiers):
             reason, below = ExclusionReason.BELOW_THRESHOLD, below + 1
         elif cand.chunk_id in seen_chunks or (dedup_per_entity and cand.entity_id in seen_entities):
             reason, duplicates = ExclusionReason.DUPLICATE, duplicates + 1
@@ -362,4 +413,5 @@ def rank(
         score_kind=score_kind,
         thresholds=thresholds,
         top_k=top_k,
+        order_by=order_by,
     )

@@ -1,5 +1,6 @@
-"""The Retrieve pipeline: resolve index -> embed -> hybrid search -> calibrate -> rank ->
-verify against the SoR -> evidence pack; then reindex requests and audit records.
+"""The Retrieve pipeline: resolve index -> embed -> search (hybrid + identifiers) -> rerank ->
+score (cosine, exact BM25, evidence score, order) -> rank -> verify against the SoR -> evidence
+pack; then reindex requests and audit records.
 
 Every stage here is blocking (ONNX, store, SoR); the gRPC servicer runs `retrieve` in a thread
 pool. Domain failures raise typed `RagstreamError`s that the servicer maps to status codes.
@@ -13,29 +14,28 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Protocol
 
-import numpy as np
-from numpy.typing import NDArray
-
 from ragstream.embedders.base import Embedder
 from ragstream.embedders.models import EmbeddingModels
 from ragstream.errors import IndexNotFoundError, ManifestMismatchError, RagstreamError
-from ragstream.fusion import FusedHit, fuse
 from ragstream.publish import Publisher
 from ragstream.sor.base import SystemOfRecord
 from ragstream.sparse import Bm25Encoder
 from ragstream.store.base import VectorStore
 from ragstream.store.registry import IndexRegistry, ResolvedIndex
 from retrieval_api.audit import fingerprint_query, request_record, result_records
+from retrieval_api.candidates import CalibrationMismatchError, CandidateSearch, finish
 from retrieval_api.config import RetrievalConfig
 from retrieval_api.evidence import (
+    CalibrationInfo,
     IndexInfo,
     build_pack,
     entities_to_verify,
     reindex_requests,
     verdicts_from_sor,
 )
+from retrieval_api.evidence_score import EvidenceCalibration
 from retrieval_api.metrics import RetrieveMetrics
-from retrieval_api.ranking import ScoreKind, calibrate, needs_similarity, rank
+from retrieval_api.ranking import ScoreKind, Thresholds, rank
 from retrieval_api.validate import ValidatedRequest
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 
@@ -101,6 +101,28 @@ class Retriever:
         self._reranker = reranker if config.rerank_enabled else None
         self._attribute_fields = tuple(attribute_fields)
         self._clock = clock
+        self.search = CandidateSearch(
+            config=config,
+            encoder=sparse,
+            store=store,
+            registry=registry,
+            rerank=self._reranker.score if self._reranker is not None else None,
+        )
+
+    @property
+    def registry(self) -> IndexRegistry:
+        """The index registry the pipeline resolves versions (and calibrations) in."""
+        return self._registry
+
+    @property
+    def store(self) -> VectorStore:
+        """The vector store the pipeline searches."""
+        return self._store
+
+    @property
+    def reranks(self) -> bool:
+        """A reranker runs (its score is an input of the evidence score)."""
+        return self._reranker is not None
 
     def resolve(self, tenant: str, version: int | None) -> tuple[ResolvedIndex, Embedder]:
         """The index to search and the embedder its manifest names; INDEX_NOT_FOUND /
@@ -132,6 +154,29 @@ class Retriever:
                 f"RAGSTREAM_NEXT_EMBEDDER)"
             )
 
+    def calibration(self, index: ResolvedIndex) -> EvidenceCalibration:
+        """The evidence calibration the index version is scored with (cached; the prior model
+        over the index's own statistics when it was never calibrated)."""
+        calibration = self.search.calibration(index)
+        if self._reranker is not None and not calibration.uses_rerank:
+            raise CalibrationMismatchError(
+                f"{index.collection} was calibrated without the reranker this server runs: run "
+                f"`ragstream calibrate --tenant {index.tenant}` with the reranker configured"
+            )
+        if self._reranker is None and calibration.uses_rerank:
+            raise CalibrationMismatchError(
+                f"{index.collection} was calibrated with a reranker this server does not run"
+            )
+        return calibration
+
+    def thresholds(self, calibration: EvidenceCalibration, override: float | None) -> Thresholds:
+        """The evidence thresholds of a request: configured, else the calibration's; the hard
+        one replaced by the request's (validated) override."""
+        t = calibration.thresholds
+        return self.config.thresholds(
+            ScoreKind.EVIDENCE, override, calibrated=Thresholds(t.hard, t.medium, t.high)
+        )
+
     def retrieve(self, request: ValidatedRequest, deadline: float | None = None) -> pb.EvidencePack:
         """The evidence pack of one request; `deadline` is a `time.monotonic()` instant."""
         timings: dict[str, float] = {}
@@ -141,32 +186,33 @@ class Retriever:
 
         with stage("resolve"):
             index, embedder = self.resolve(request.tenant, request.index_version)
+            calibration = self.calibration(index)
         with stage("embed"):
             query_vector = embedder.embed_query(request.query)
         with stage("search"):
-            fused = self._search(index.collection, request, query_vector)
-        self._metrics.candidates.observe(len(fused))
-        with stage("rerank"):
-            rerank_scores = self._rerank(request.query, fused) if self._reranker else None
+            raw = self.search.gather(
+                index.collection,
+                request.query,
+                query_vector,
+                request.store_filter,
+                limit=request.candidate_k,
+                lexicon=calibration.lexicon,
+                with_rerank=self._reranker is not None,
+            )
+        self._metrics.candidates.observe(len(raw))
         with stage("rank"):
-            cosines = self._cosines_of_sparse_only(
-                index.collection, request.tenant, fused, query_vector
-            )
-            # a sparse-only hit whose point is gone by the time its vector is read was deleted
-            # by a concurrent write: it is no evidence any more (found by the live-reindex test)
-            fused = [h for h in fused if h.dense_score is not None or h.point_id in cosines]
-            candidates = calibrate(
-                fused, similarity_for_sparse_only=cosines, rerank_scores=rerank_scores
-            )
-            score_kind = ScoreKind.RERANK if rerank_scores is not None else ScoreKind.COSINE
+            choice = self.search.choice(calibration)
+            pool = finish(raw, calibration, choice)
             ranking = rank(
-                candidates,
+                pool.candidates(),
                 store_filter=request.store_filter,
                 top_k=request.top_k,
-                thresholds=request.thresholds(self.config, score_kind),
-                score_kind=score_kind,
+                thresholds=self.thresholds(calibration, request.min_similarity_override),
+                score_kind=ScoreKind.EVIDENCE,
                 dedup_per_entity=self.config.dedup_per_entity,
-                order=self.config.order,
+                order="fused",
+                protect_identifiers=self.config.identifier_priority,
+                order_by=choice.label,
             )
         with stage("verify"):
             ids = entities_to_verify(ranking)
@@ -187,67 +233,21 @@ class Retriever:
                 retrieved_at=checked_at,
                 timings_ms=timings,
                 attribute_fields=self._attribute_fields,
+                calibration=CalibrationInfo(
+                    source=calibration.source,
+                    fingerprint=calibration.fingerprint,
+                    fitted_at=calibration.fitted_at,
+                ),
+                lexical_details={
+                    h.chunk_id: (s.lexical.normalized, s.lexical.coverage)
+                    for h, s in zip(raw.hits, raw.signals, strict=True)
+                },
             )
         # the evidence stage ends after the pack copied the timings: record it and the total
         pack.timings_ms["evidence"] = timings["evidence"]
         pack.timings_ms["total"] = (time.perf_counter() - started) * 1000
         self._after(pack, request, requested_at)
         return pack
-
-    def _search(
-        self, collection: str, request: ValidatedRequest, query_vector: NDArray[np.float32]
-    ) -> list[FusedHit]:
-        limit = request.candidate_k
-        if not self.config.hybrid:
-            hits = self._store.search_dense(
-                collection, query_vector, request.store_filter, limit=limit
-            )
-            return fuse(hits, [], dense_weight=1.0, sparse_weight=0.0, limit=limit)
-        result = self._store.search_hybrid(
-            collection,
-            query_vector,
-            self._sparse.encode_query(request.query),
-            request.store_filter,
-            limit=limit,
-            prefetch_limit=limit,
-        )
-        fused = result.fused(
-            dense_weight=self.config.dense_weight,
-            sparse_weight=self.config.sparse_weight,
-            k=self.config.rrf_k,
-            method=self.config.fusion_method,
-        )
-        # a zero-weight branch only supplies scores, never rank: keep the other branch's hits
-        if self.config.dense_weight == 0:
-            fused = [h for h in fused if h.sparse_rank is not None]
-        if self.config.sparse_weight == 0:
-            fused = [h for h in fused if h.dense_rank is not None]
-        return fused
-
-    def _cosines_of_sparse_only(
-        self,
-        collection: str,
-        tenant: str,
-        fused: Sequence[FusedHit],
-        query_vector: NDArray[np.float32],
-    ) -> dict[str, float]:
-        """Cosine of the query and the stored vector of hits the dense branch did not return:
-        thresholds apply to a calibrated score, never to a fusion score."""
-        missing = [h.point_id for h in needs_similarity(fused)]
-        if not missing:
-            return {}
-        points = self._store.retrieve(collection, missing, tenant, with_vectors=True)
-        out: dict[str, float] = {}
-        for point in points:
-            if point.dense is not None:
-                out[point.point_id] = float(np.dot(point.dense, query_vector))
-        return out
-
-    def _rerank(self, query: str, fused: Sequence[FusedHit]) -> dict[str, float]:
-        assert self._reranker is not None
-        texts = [str(h.payload.get("text", "")) for h in fused]
-        scores = self._reranker.score(query, texts) if texts else []
-        return {h.point_id: s for h, s in zip(fused, scores, strict=True)}
 
     def _after(self, pack: pb.EvidencePack, request: ValidatedRequest, at: datetime) -> None:
         """Count, request reindexing of what the SoR check excluded, and audit."""

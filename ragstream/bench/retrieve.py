@@ -746,7 +746,12 @@ def run(
             "rrf_k": retrieval.rrf_k,
             "order": retrieval.order,
             "dedup_per_entity": retrieval.dedup_per_entity,
-            "cosine_thresholds": retrieval.cosine_thresholds.model_dump(),
+            "evidence_thresholds": (
+                retrieval.evidence_thresholds.model_dump()
+                if retrieval.evidence_thresholds is not None
+                else "the index's calibration (built-in prior when uncalibrated)"
+            ),
+            "supporting_ratio": retrieval.supporting_ratio,
             "reranker": None,
             "workers": settings.grpc.workers,
             "max_concurrent_rpcs": settings.grpc.max_concurrent_rpcs,

@@ -4,7 +4,11 @@ A gate file is JSON or TOML (by suffix: `.toml` is TOML, anything else JSON):
 
     {"description": "...",
      "floors":   {"recall@5": 0.80, "mrr@10": 0.70, "ndcg@5": 0.75},
-     "ceilings": {"latency_p95_ms": 500}}
+     "ceilings": {"latency_p95_ms": 500},
+     "kind_floors": {"exact_identifier": {"hit@1": 1.0}}}
+
+`kind_floors` hold floors on the aggregates of one query kind (`EvalResult.by_kind`), reported
+as `<kind>/<metric>`.
 
 A floor passes when value >= floor, a ceiling when value <= ceiling. A metric the run did not
 compute (absent, or None because undefined, e.g. abstention precision with no abstentions) fails
@@ -36,12 +40,16 @@ class Gate(BaseModel):
     description: str = ""
     floors: dict[str, float] = Field(default_factory=dict)
     ceilings: dict[str, float] = Field(default_factory=dict)
+    kind_floors: dict[str, dict[str, float]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _not_empty(self) -> Gate:
-        if not self.floors and not self.ceilings:
+        if not self.floors and not self.ceilings and not self.kind_floors:
             raise ValueError("a gate needs at least one floor or ceiling")
-        for name, bound in (*self.floors.items(), *self.ceilings.items()):
+        kinds = [
+            (f"{k}/{m}", v) for k, floors in self.kind_floors.items() for m, v in floors.items()
+        ]
+        for name, bound in (*self.floors.items(), *self.ceilings.items(), *kinds):
             if not math.isfinite(bound):
                 raise ValueError(f"bound of {name!r} must be a finite number, got {bound}")
         return self
@@ -113,8 +121,13 @@ def _finite(value: float | None) -> float | None:
     return float(value)
 
 
-def check_gate(aggregates: Mapping[str, float | None], gate: Gate) -> GateResult:
-    """Compare aggregate metrics with the gate's floors and ceilings (floors first, by name)."""
+def check_gate(
+    aggregates: Mapping[str, float | None],
+    gate: Gate,
+    by_kind: Mapping[str, Mapping[str, float | None]] | None = None,
+) -> GateResult:
+    """Compare aggregate metrics with the gate's floors and ceilings (floors first, by name),
+    then each kind's floors with `by_kind` (a kind absent from the run fails its checks)."""
     checks: list[GateCheck] = []
     for metric, limit in sorted(gate.floors.items()):
         value = _finite(aggregates.get(metric))
@@ -126,6 +139,15 @@ def check_gate(aggregates: Mapping[str, float | None], gate: Gate) -> GateResult
         checks.append(
             GateCheck(metric, "ceiling", limit, value, value is not None and value <= limit)
         )
+    for kind, floors in sorted(gate.kind_floors.items()):
+        values = (by_kind or {}).get(kind, {})
+        for metric, limit in sorted(floors.items()):
+            value = _finite(values.get(metric))
+            checks.append(
+                GateCheck(
+                    f"{kind}/{metric}", "floor", limit, value, value is not None and value >= limit
+                )
+            )
     return GateResult(tuple(checks))
 
 

@@ -24,6 +24,15 @@ Abstention (positive class = "the system abstained", i.e. status NO_EVIDENCE):
 A FAILED query is not an abstention (it is counted in `failed_rate`). A ratio with a zero
 denominator is None (undefined), never a made-up 0 or 1.
 
+Calibration of the evidence score (`QueryRun.scored`: every entity the pack scored, i.e. the
+results and the below-threshold exclusions, with its evidence score; an item is positive when its
+entity is judged grade >= `ANSWER_GRADE` for the query, or >= the query's best grade when that is
+lower (binary judgments such as BEIR qrels), so every item of an unanswerable query is negative):
+- ece       = Σ_b |B_b| / n · |observed positive rate in B_b - mean score in B_b| over
+              `CALIBRATION_BINS` equal-width bins of [0, 1], over all scored items;
+- ece_top1  = the same over each query's best-scored item only (what abstention decides on);
+- `reliability` gives the bins (count, mean score, observed rate) for the reliability plot.
+
 Latency percentiles use linear interpolation between closest ranks (numpy's default "linear"
 method, Excel's PERCENTILE.INC) over every query that reports a latency.
 """
@@ -43,6 +52,9 @@ DEFAULT_KS: tuple[int, ...] = (1, 3, 5, 10)
 LATENCY_PERCENTILES: tuple[int, ...] = (50, 95, 99)
 #: Per-query ranking metric families; each is reported as "<family>@<k>".
 RANKING_FAMILIES: tuple[str, ...] = ("recall", "precision", "hit", "mrr", "ndcg")
+#: Judged grade from which a scored item counts as answering the query (calibration metrics).
+ANSWER_GRADE = 2
+CALIBRATION_BINS = 10
 
 
 class Status(StrEnum):
@@ -68,6 +80,8 @@ class QueryRun:
 
     `entity_ids` and `chunk_ids` are in rank order (best first) and may repeat; use
     `from_chunk_ids` when only chunk ids are at hand. `latency_ms` is the client-side wall time.
+    `scored` holds (entity id, evidence score) of every entity the pack scored (results first,
+    then below-threshold exclusions), for the calibration metrics.
     """
 
     query_id: str
@@ -76,6 +90,7 @@ class QueryRun:
     chunk_ids: tuple[str, ...] = ()
     latency_ms: float | None = None
     error_code: str | None = None
+    scored: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def from_chunk_ids(
@@ -191,6 +206,8 @@ class QueryRow:
     hard_negative_above_relevant: bool | None  # None when the query has no hard negatives
     metrics: dict[str, float] = field(default_factory=dict)  # empty for unanswerable queries
     top_entities: tuple[str, ...] = ()
+    #: (evidence score, 1 if the entity answers else 0) per scored entity, best-scored first
+    calibration: tuple[tuple[float, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable form."""
@@ -208,6 +225,7 @@ class QueryRow:
             "hard_negative_above_relevant": self.hard_negative_above_relevant,
             "metrics": dict(self.metrics),
             "top_entities": list(self.top_entities),
+            "best_evidence": self.calibration[0][0] if self.calibration else None,
         }
 
 
@@ -277,6 +295,20 @@ def evaluate_query(query: EvalQuery, run: QueryRun, ks: Sequence[int] = DEFAULT_
         negative_above = first_negative is not None and (
             first_relevant is None or first_negative < first_relevant
         )
+    scored: dict[str, float] = {}
+    for entity_id, score in run.scored:
+        scored.setdefault(entity_id, score)
+    # binary judgments (BEIR qrels: grade 1 = relevant) count their relevant entities as answers
+    answer_grade = min(ANSWER_GRADE, max(relevant.values(), default=ANSWER_GRADE))
+    calibration = tuple(
+        sorted(
+            (
+                (score, 1 if relevant.get(e, 0) >= answer_grade else 0)
+                for e, score in scored.items()
+            ),
+            key=lambda item: -item[0],
+        )
+    )
     return QueryRow(
         query_id=query.query_id,
         kind=query.kind.value,
@@ -291,6 +323,7 @@ def evaluate_query(query: EvalQuery, run: QueryRun, ks: Sequence[int] = DEFAULT_
         hard_negative_above_relevant=negative_above,
         metrics=metrics,
         top_entities=tuple(ranked[: max(ks)]),
+        calibration=calibration,
     )
 
 
@@ -370,9 +403,87 @@ def aggregate(rows: Sequence[QueryRow], ks: Sequence[int] = DEFAULT_KS) -> dict[
     out["hard_negative_rate"] = _ratio(
         sum(1 for r in with_negatives if r.hard_negative_above_relevant), len(with_negatives)
     )
+    items = [item for r in rows for item in r.calibration]
+    out["n_scored"] = float(len(items))
+    out["ece"] = expected_calibration_error([p for p, _ in items], [y for _, y in items])
+    tops = [r.calibration[0] for r in rows if r.calibration]
+    out["ece_top1"] = expected_calibration_error([p for p, _ in tops], [y for _, y in tops])
     latencies = [r.latency_ms for r in rows if r.latency_ms is not None]
     for q in LATENCY_PERCENTILES:
         out[f"latency_p{q}_ms"] = percentile(latencies, q) if latencies else None
     out["latency_mean_ms"] = _mean(latencies)
     out["latency_max_ms"] = max(latencies) if latencies else None
     return out
+
+
+# --- calibration -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReliabilityBin:
+    """One bin of a reliability diagram: [low, high), its items, mean score, observed rate."""
+
+    low: float
+    high: float
+    count: int
+    mean_score: float | None
+    observed: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form."""
+        return {
+            "low": self.low,
+            "high": self.high,
+            "count": self.count,
+            "mean_score": self.mean_score,
+            "observed": self.observed,
+        }
+
+
+def reliability_bins(
+    scores: Sequence[float], labels: Sequence[float], bins: int = CALIBRATION_BINS
+) -> list[ReliabilityBin]:
+    """Equal-width bins of [0, 1] (the last one closed) with the items' mean score and observed
+    positive rate (None for an empty bin)."""
+    if len(scores) != len(labels):
+        raise ValueError("scores and labels differ in length")
+    if bins < 1:
+        raise ValueError(f"bins must be >= 1, got {bins}")
+    groups: list[list[tuple[float, float]]] = [[] for _ in range(bins)]
+    for score, label in zip(scores, labels, strict=True):
+        if not 0.0 <= score <= 1.0:
+            raise ValueError(f"a calibrated score must be within [0, 1], got {score}")
+        groups[min(int(score * bins), bins - 1)].append((score, float(label)))
+    out = []
+    for b, group in enumerate(groups):
+        n = len(group)
+        out.append(
+            ReliabilityBin(
+                low=b / bins,
+                high=(b + 1) / bins,
+                count=n,
+                mean_score=sum(s for s, _ in group) / n if n else None,
+                observed=sum(y for _, y in group) / n if n else None,
+            )
+        )
+    return out
+
+
+def expected_calibration_error(
+    scores: Sequence[float], labels: Sequence[float], bins: int = CALIBRATION_BINS
+) -> float | None:
+    """Σ_b |B_b| / n · |observed rate - mean score| over equal-width bins; None without items."""
+    if not scores:
+        return None
+    total = len(scores)
+    return sum(
+        b.count / total * abs((b.observed or 0.0) - (b.mean_score or 0.0))
+        for b in reliability_bins(scores, labels, bins)
+        if b.count
+    )
+
+
+def result_reliability(result: EvalResult, bins: int = CALIBRATION_BINS) -> list[ReliabilityBin]:
+    """The reliability bins of every scored item of a run."""
+    items = [item for r in result.rows for item in r.calibration]
+    return reliability_bins([p for p, _ in items], [y for _, y in items], bins)

@@ -1,10 +1,13 @@
-"""Evaluation reports: a JSON file and a self-contained HTML page (inline SVG chart, no JS).
+"""Evaluation reports: a JSON file and a self-contained HTML page (inline SVG charts, no JS).
 
 Input is plain data so any runner can use it: `results` maps a configuration name to its
 aggregate metrics (`EvalResult.aggregates`), `rows` (optional) maps it to per-query row dicts
 (`QueryRow.to_dict()`). The chart is a grouped bar chart: one group per metric, one bar per
 configuration, bar height proportional to the value on a 0..`y_max` axis (`y_max` is 1 for the
 default rate metrics). Latencies and counts go to the table, not the chart (another scale).
+A reliability diagram (`render_reliability_svg`: observed rate of answers against the mean
+evidence score per bin, with the diagonal of perfect calibration) shows how well the evidence
+score is calibrated; `summary_table` is the plain-text table `ragstream eval` prints.
 """
 
 from __future__ import annotations
@@ -29,6 +32,20 @@ DEFAULT_CHART_METRICS: tuple[str, ...] = (
     "abstention_precision",
     "abstention_recall",
 )
+#: Columns of `summary_table`.
+SUMMARY_METRICS: tuple[str, ...] = (
+    "recall@5",
+    "mrr@10",
+    "ndcg@5",
+    "ndcg@10",
+    "hit@1",
+    "abstention_precision",
+    "abstention_recall",
+    "ece",
+    "ece_top1",
+    "latency_p95_ms",
+)
+RELIABILITY_SIZE = 260.0
 #: Okabe-Ito colour-blind-safe palette (then repeats).
 PALETTE: tuple[str, ...] = (
     "#0072B2",
@@ -150,6 +167,78 @@ def render_svg(
     return "\n".join(out)
 
 
+def render_reliability_svg(bins: Sequence[Mapping[str, Any]], *, label: str = "") -> str:
+    """A reliability diagram: one point per non-empty bin at (mean score, observed rate), its
+    area growing with the bin's count, over the diagonal of perfect calibration. `bins` are
+    `ReliabilityBin.to_dict()` rows (low, high, count, mean_score, observed)."""
+    size, pad = RELIABILITY_SIZE, 36.0
+    total = sum(int(b.get("count") or 0) for b in bins) or 1
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="reliability" width="{size + 2 * pad:.0f}"'
+        f' height="{size + 2 * pad:.0f}" role="img" aria-label="reliability {_attr(label)}"'
+        f' font-family="sans-serif" font-size="10">',
+        f'<rect x="{pad}" y="{pad}" width="{size}" height="{size}" fill="none" stroke="#333"/>',
+        f'<line class="diagonal" x1="{pad}" y1="{pad + size}" x2="{pad + size}" y2="{pad}" '
+        f'stroke="#999" stroke-dasharray="4"/>',
+        f'<text x="{pad + size / 2}" y="{pad + size + 26}" text-anchor="middle">'
+        f"mean evidence score</text>",
+        f'<text x="10" y="{pad + size / 2}" transform="rotate(-90 10 {pad + size / 2})" '
+        f'text-anchor="middle">observed share answering</text>',
+    ]
+    for i in range(5):
+        v = i / 4
+        out.append(
+            f'<text x="{pad + v * size:.1f}" y="{pad + size + 12}" text-anchor="middle">'
+            f"{v:.2f}</text>"
+            f'<text x="{pad - 4}" y="{pad + size - v * size + 3:.1f}" text-anchor="end">'
+            f"{v:.2f}</text>"
+        )
+    for b in bins:
+        count = int(b.get("count") or 0)
+        mean, observed = b.get("mean_score"), b.get("observed")
+        if not count or mean is None or observed is None:
+            continue
+        x = pad + float(mean) * size
+        y = pad + size - float(observed) * size
+        radius = 2.5 + 9.0 * math.sqrt(count / total)
+        out.append(
+            f'<circle class="bin" data-count="{count}" data-mean="{float(mean)!r}" '
+            f'data-observed="{float(observed)!r}" cx="{x:.2f}" cy="{y:.2f}" r="{radius:.2f}" '
+            f'fill="#0072B2" fill-opacity="0.6"><title>[{b.get("low")}, {b.get("high")}): '
+            f"{count} items, mean {float(mean):.3f}, observed {float(observed):.3f}</title>"
+            f"</circle>"
+        )
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def summary_table(
+    aggregates: Mapping[str, Mapping[str, float | None]],
+    significance: Mapping[str, Mapping[str, Any]] | None = None,
+    metrics: Sequence[str] = SUMMARY_METRICS,
+) -> str:
+    """The plain-text table of `ragstream eval`: one row per configuration, and the paired
+    bootstrap of nDCG@5 against the first configuration (difference, 95% CI, p)."""
+    width = max([16, *(len(name) + 2 for name in aggregates)])
+    head = f"{'config':<{width}}" + "".join(f"{m:>{max(10, len(m) + 2)}}" for m in metrics)
+    lines = [head + "   Δ vs first (95% CI, p)"]
+    for name, values in aggregates.items():
+        cells = []
+        for m in metrics:
+            value = values.get(m)
+            cells.append(f"{'n/a' if value is None else f'{value:.3f}':>{max(10, len(m) + 2)}}")
+        test = (significance or {}).get(name)
+        extra = ""
+        if test:
+            low, high = test["ci95"]
+            extra = (
+                f"   {test['mean_diff_vs_default']:+.3f} [{low:+.3f}, {high:+.3f}], "
+                f"p={test['p_value']:.4f}"
+            )
+        lines.append(f"{name:<{width}}" + "".join(cells) + extra)
+    return "\n".join(lines)
+
+
 def _attr(value: str) -> str:
     return html.escape(value, quote=True)
 
@@ -194,8 +283,10 @@ def render_html(
     title: str = "ragstream evaluation",
     metrics: Sequence[str] | None = None,
     meta: Mapping[str, Any] | None = None,
+    reliability: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> str:
-    """The self-contained report page: metadata, chart, aggregate table, per-query tables."""
+    """The self-contained report page: metadata, chart, reliability diagrams, aggregate table,
+    per-query tables."""
     all_metrics: list[str] = []
     for values in results.values():
         all_metrics.extend(m for m in values if m not in all_metrics)
@@ -225,6 +316,16 @@ def render_html(
         parts.append(f"<dl>{items}</dl>")
     if results and chart_metrics(results, metrics):
         parts.append(f"<h2>Metrics by configuration</h2>{render_svg(results, metrics)}")
+    if reliability:
+        diagrams = "".join(
+            f"<figure><figcaption>{_text(config)}</figcaption>"
+            f"{render_reliability_svg(bins, label=config)}</figure>"
+            for config, bins in reliability.items()
+        )
+        parts.append(
+            "<h2>Calibration of the evidence score (reliability)</h2>"
+            f'<div class="scroll" style="display:flex;gap:1em">{diagrams}</div>'
+        )
     parts.append(f'<h2>Aggregates</h2><div class="scroll">{summary}</div>')
     for config, config_rows in (rows or {}).items():
         flat = [_flatten(r) for r in config_rows]
@@ -270,6 +371,7 @@ def write_report(
     metrics: Sequence[str] | None = None,
     meta: Mapping[str, Any] | None = None,
     stem: str = "report",
+    reliability: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> ReportPaths:
     """Write `<stem>.json` and `<stem>.html` into `out_dir` (created when missing)."""
     out = Path(out_dir)
@@ -277,8 +379,13 @@ def write_report(
     json_path = out / f"{stem}.json"
     html_path = out / f"{stem}.html"
     data = report_data(results, rows, title=title, meta=meta)
+    if reliability:
+        data["reliability"] = {k: [dict(b) for b in v] for k, v in reliability.items()}
     json_path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     html_path.write_text(
-        render_html(results, rows, title=title, metrics=metrics, meta=meta), encoding="utf-8"
+        render_html(
+            results, rows, title=title, metrics=metrics, meta=meta, reliability=reliability
+        ),
+        encoding="utf-8",
     )
     return ReportPaths(json_path=json_path, html_path=html_path)

@@ -1,10 +1,11 @@
 """`ragstream eval`: run an eval set through the real system and score it.
 
 The entities go into a SQLite SoR and through the real ingest path (decode, plan, normalize,
-chunk, embed, write to qdrant-edge); every query goes through the real gRPC Retrieve server
-(auth, validation, hybrid search, ranking, SoR verification). One run compares several
-retrieval configurations on the same index: BM25 only, dense only, and hybrid fusion at
-several weights; per-query metrics, paired significance against the default configuration,
+chunk, embed, write to qdrant-edge); each tenant's index is then calibrated as a reindex would
+(`retrieval_api.calibration`: self-supervised, no labels); every query goes through the real gRPC
+Retrieve server (auth, validation, search, evidence score, ranking, SoR verification). One run
+compares several retrieval configurations on the same index: BM25 only, dense only, the fusion
+methods, thresholds; per-query metrics, paired significance against the default configuration,
 an optional regression gate and an HTML/JSON report.
 """
 
@@ -37,8 +38,11 @@ from ragstream.kafka_config import KafkaSettings
 from ragstream.resources import package_dir
 from ragstream.settings import IngestSettings, SorSettings, StoreSettings
 from ragstream.sor.debezium_format import change_event, encode_key, encode_value
+from ragstream.sparse import Bm25Encoder
 from ragstream.store.edge import EdgeStore
 from retrieval_api.app import build_app
+from retrieval_api.calibration import CalibrationSettings, calibrate_version
+from retrieval_api.candidates import CandidateSearch
 from retrieval_api.config import RetrievalConfig
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.events import Op, RawRecord
@@ -48,25 +52,62 @@ from streams.app import build_worker
 from streams.mapping import TableMapping
 
 
-def _threshold(hard: float) -> dict[str, Any]:
-    return {"cosine_thresholds": {"hard": hard, "medium": max(hard, 0.40), "high": 0.60}}
+def _evidence_threshold(hard: float) -> dict[str, Any]:
+    return {
+        "evidence_thresholds": {"hard": hard, "medium": max(hard, 0.6), "high": max(hard, 0.85)}
+    }
 
 
-#: The configurations one run compares; the first is the product default. Fused-order
-#: variants rank by the fusion (thresholds still on the cosine); `thr_*` sweep the hard
-#: cosine threshold of the default that trades abstention against recall.
+#: A single channel: its own candidates, its own order, no identifier search or priority.
+_SINGLE = {"order": "fused", "identifier_search": False, "identifier_priority": False}
+
+#: The configurations one run compares; the first is the product default (convex 0.5 / 0.5
+#: order, the thresholds the index's calibration chose). `dense_only` / `bm25_only` are one
+#: channel alone; `rrf*`, `convex_*`, `dbsf`, `evidence_order` fix another order and
+#: `calibrated_order` takes the one the calibration chose per index; `thr_*` fix the hard
+#: threshold on the evidence score, `supporting_*` the floor of supporting chunks;
+#: `no_identifier_rule` drops the identifier search and priority.
 DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
     "default": {},
-    "dense_only": {"hybrid": False},
-    "bm25_only": {"dense_weight": 0.0, "sparse_weight": 1.0},
-    "hybrid_1_0.5": {"dense_weight": 1.0, "sparse_weight": 0.5},
-    "hybrid_1_0.25": {"dense_weight": 1.0, "sparse_weight": 0.25},
-    "hybrid_0.5_1": {"dense_weight": 0.5, "sparse_weight": 1.0},
-    "cosine_order": {"order": "final"},
-    "thr_0.25": _threshold(0.25),
-    "thr_0.32": _threshold(0.32),
-    "thr_0.35": _threshold(0.35),
-    "thr_0.40": _threshold(0.40),
+    "dense_only": {**_SINGLE, "hybrid": False, "sparse_weight": 0.0},
+    "bm25_only": {**_SINGLE, "dense_weight": 0.0, "sparse_weight": 1.0},
+    "rrf": {"order": "fused", "fusion_method": "rrf", "dense_weight": 1.0, "sparse_weight": 1.0},
+    "rrf_1_0.5": {
+        "order": "fused",
+        "fusion_method": "rrf",
+        "dense_weight": 1.0,
+        "sparse_weight": 0.5,
+    },
+    "rrf_0.5_1": {
+        "order": "fused",
+        "fusion_method": "rrf",
+        "dense_weight": 0.5,
+        "sparse_weight": 1.0,
+    },
+    "convex_0.7_0.3": {
+        "order": "fused",
+        "fusion_method": "convex",
+        "dense_weight": 0.7,
+        "sparse_weight": 0.3,
+    },
+    "convex_0.3_0.7": {
+        "order": "fused",
+        "fusion_method": "convex",
+        "dense_weight": 0.3,
+        "sparse_weight": 0.7,
+    },
+    "dbsf": {"order": "fused", "fusion_method": "dbsf", "dense_weight": 1.0, "sparse_weight": 1.0},
+    "evidence_order": {"order": "evidence"},
+    "calibrated_order": {"order": "calibrated"},
+    "no_identifier_rule": {"identifier_search": False, "identifier_priority": False},
+    "no_threshold": _evidence_threshold(0.0),
+    "supporting_1.0": {"supporting_ratio": 1.0},
+    "supporting_0.5": {"supporting_ratio": 0.5},
+    "supporting_0.1": {"supporting_ratio": 0.1},
+    "supporting_0": {"supporting_ratio": 0.0},
+    "thr_0.3": _evidence_threshold(0.3),
+    "thr_0.5": _evidence_threshold(0.5),
+    "thr_0.7": _evidence_threshold(0.7),
 }
 
 
@@ -167,8 +208,13 @@ def run_eval(
     data_dir: Path | None = None,
     embedder: Embedder | None = None,
     progress: bool = True,
+    calibrate: bool = True,
+    calibration: CalibrationSettings | None = None,
+    cache_dir: Path | None = None,
 ) -> list[ConfigResult]:
-    """Index `evalset` once, then score every configuration through gRPC Retrieve."""
+    """Index `evalset` once, calibrate each tenant's index (unless `calibrate` is False: the
+    prior model then scores), then score every configuration through gRPC Retrieve.
+    `cache_dir` keeps the embedding cache between runs."""
     configs = configs or DEFAULT_CONFIGS
     base = base or RetrievalConfig()
     tokens = {t: hashlib.sha256(t.encode()).hexdigest()[:32] for t in evalset_tenants(evalset)}
@@ -182,7 +228,9 @@ def run_eval(
         own = embedder is None
         model = embedder or build_embedder(
             LocalEmbedderConfig(),
-            cache=EmbeddingCacheConfig(path=root / "embedding-cache.sqlite"),
+            cache=EmbeddingCacheConfig(
+                path=(cache_dir or root) / "embedding-cache.sqlite", max_entries=2_000_000
+            ),
         )
         sor = SorSettings(kind="sqlite", sqlite_path=sor_path)
         store_settings = StoreSettings(data_dir=root / "store")
@@ -212,6 +260,28 @@ def run_eval(
                 version = worker.registry.active_version(tenant)
                 if version is not None:
                     store.optimize(worker.registry.manifest(tenant, version).index_name)
+            if calibrate:
+                search = CandidateSearch(
+                    config=base,
+                    encoder=Bm25Encoder(),
+                    store=store,
+                    registry=worker.registry,
+                )
+                for tenant in tokens:
+                    index = worker.registry.lookup(tenant, None)
+                    began = time.perf_counter()
+                    fitted = calibrate_version(
+                        search, worker.registry, index, model, store, settings=calibration
+                    )
+                    if progress:
+                        held = fitted.report.get("held_out", {})
+                        print(
+                            f"  calibrated {tenant}: order {fitted.ranking.label}, hard "
+                            f"{fitted.thresholds.hard:.3f}, held-out ECE {held.get('ece')}, "
+                            f"abstention {held.get('abstention')} "
+                            f"({time.perf_counter() - began:.1f}s)",
+                            flush=True,
+                        )
             worker.close()
             results = []
             hashed = {t: hashlib.sha256(v.encode()).hexdigest() for t, v in tokens.items()}
@@ -275,6 +345,12 @@ def _query_all(
                 continue
             elapsed = (time.perf_counter() - began) * 1000
             status = Status.parse(pb.RetrievalStatus.Name(pack.status))
+            scored = [(_eval_id(r.entity_id), r.scores.final) for r in pack.results]
+            scored += [
+                (_eval_id(x.entity_id), x.score)
+                for x in pack.excluded
+                if x.reason == pb.EXCLUSION_REASON_BELOW_THRESHOLD
+            ]
             runs.append(
                 QueryRun(
                     q.query_id,
@@ -282,6 +358,7 @@ def _query_all(
                     entity_ids=tuple(_eval_id(r.entity_id) for r in pack.results),
                     chunk_ids=tuple(_eval_id(r.chunk_id) for r in pack.results),
                     latency_ms=elapsed,
+                    scored=tuple(scored),
                 )
             )
     return runs

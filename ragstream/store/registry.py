@@ -24,6 +24,12 @@ Manifest lifecycle (the "immutable" rule made precise):
 Only `ready` versions can be activated. Version creation assumes one creator per tenant at a
 time (the reindex job); within a process a lock serializes it, and on disk `O_EXCL` does.
 
+Beside each manifest the registry keeps the version's *evidence calibration*
+(`retrieval_api.evidence_score.EvidenceCalibration` as JSON text: the evidence model, the chosen
+result order, thresholds and the index's lexical statistics). Unlike the manifest it is refitted
+(`ragstream calibrate`, every reindex), so it is stored apart: `v<N>.calibration.json` next to
+`v<N>.json`, or the collection metadata key `ragstream_calibration` on a server.
+
 Nothing here imports a vendor module: the server variant talks to a `ServerCatalog`, which
 `ragstream.store.qdrant_remote.QdrantRemoteStore` implements.
 """
@@ -55,6 +61,7 @@ from ragstream.store.ids import (
 
 IndexStatus = Literal["building", "ready", "retired"]
 MANIFEST_KEY = "ragstream_manifest"
+CALIBRATION_KEY = "ragstream_calibration"
 
 
 class IndexManifest(BaseModel):
@@ -164,6 +171,14 @@ class IndexRegistry(ABC):
     def _set_active(self, tenant: str, version: int) -> None:
         """Atomically point the tenant at `version`."""
 
+    @abstractmethod
+    def _write_calibration(self, manifest: IndexManifest, text: str) -> None:
+        """Replace the version's stored calibration."""
+
+    @abstractmethod
+    def _read_calibration(self, manifest: IndexManifest) -> str | None:
+        """The version's stored calibration, or None."""
+
     # --- public API ------------------------------------------------------------------------
 
     def list_tenants(self) -> list[str]:
@@ -251,6 +266,15 @@ class IndexRegistry(ABC):
             retired = current.model_copy(update={"status": "retired"})
             self._rewrite(retired)
             return retired
+
+    def save_calibration(self, tenant: str, version: int, text: str) -> None:
+        """Store (replace) the evidence calibration of an existing version (JSON text)."""
+        with self._lock:
+            self._write_calibration(self.manifest(tenant, version), text)
+
+    def load_calibration(self, tenant: str, version: int) -> str | None:
+        """The version's evidence calibration (JSON text), or None when never calibrated."""
+        return self._read_calibration(self.manifest(tenant, version))
 
     def lookup(self, tenant: str, version: int | None) -> ResolvedIndex:
         """Resolve `version` (None: the active one) without checking who may read it.
@@ -416,6 +440,21 @@ class FileIndexRegistry(IndexRegistry):
     def _set_active(self, tenant: str, version: int) -> None:
         atomic_write(self._dir(tenant) / "active", f"{version}\n")
 
+    def _calibration_file(self, manifest: IndexManifest) -> Path:
+        return self._dir(manifest.tenant) / f"v{manifest.version}.calibration.json"
+
+    def _write_calibration(self, manifest: IndexManifest, text: str) -> None:
+        atomic_write(self._calibration_file(manifest), text)
+
+    def _read_calibration(self, manifest: IndexManifest) -> str | None:
+        path = self._calibration_file(manifest)
+        try:
+            return path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read calibration {path}: {exc}") from exc
+
 
 # --- server: aliases and collection metadata --------------------------------------------------
 
@@ -522,3 +561,14 @@ class QdrantIndexRegistry(IndexRegistry):
 
     def _set_active(self, tenant: str, version: int) -> None:
         self._catalog.switch_alias(alias_name(tenant), collection_name(tenant, version))
+
+    def _write_calibration(self, manifest: IndexManifest, text: str) -> None:
+        self._catalog.set_collection_metadata(manifest.index_name, {CALIBRATION_KEY: text})
+
+    def _read_calibration(self, manifest: IndexManifest) -> str | None:
+        raw = self._catalog.collection_metadata(manifest.index_name).get(CALIBRATION_KEY)
+        if raw is None:
+            return None
+        if not isinstance(raw, str):
+            raise StoreError(f"corrupt calibration in collection {manifest.index_name}")
+        return raw

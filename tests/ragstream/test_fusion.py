@@ -1,4 +1,4 @@
-"""Weighted RRF and convex fusion, checked against hand-computed values."""
+"""Weighted RRF, convex and distribution-based fusion, checked against hand-computed values."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragstream.fusion import FusionMethod, fuse
+from ragstream.fusion import FusionMethod, fuse, fuse_scores, ranks_of
 
 pytestmark = pytest.mark.unit
 
@@ -132,3 +132,43 @@ def test_fusion_is_a_deterministic_union_in_score_order(
     keys = [(-h.score, h.chunk_id) for h in fused]
     assert keys == sorted(keys)
     assert fuse(dense_hits, sparse_hits, method=method) == fused
+
+
+def test_dbsf_normalises_each_list_by_mean_and_three_standard_deviations() -> None:
+    fused = {h.chunk_id: h.score for h in fuse(DENSE, SPARSE, method="dbsf")}
+    # dense 0.9, 0.8, 0.7: mean 0.8, sd 0.0816 -> a = (0.9 - (0.8 - 0.245)) / 0.49 = 0.7041
+    sd = (2 * 0.01 / 3) ** 0.5
+    low = 0.8 - 3 * sd
+    a = (0.9 - low) / (6 * sd)
+    assert fused["a:chunk:0"] == pytest.approx(a)
+    # sparse 12 and 5: mean 8.5, sd 3.5 -> c = (12 - (8.5 - 10.5)) / 21 = 0.6667
+    c_dense = (0.7 - low) / (6 * sd)
+    assert fused["c:chunk:0"] == pytest.approx(c_dense + 14 / 21)
+
+
+def test_ranks_of_ties_keep_input_order() -> None:
+    assert ranks_of([0.2, 0.9, 0.2, 0.5]) == [3, 1, 4, 2]
+
+
+@pytest.mark.parametrize("method", ["rrf", "convex", "dbsf"])
+def test_fuse_scores_ranks_candidates_that_carry_both_channels(method: FusionMethod) -> None:
+    dense = [0.9, 0.5, 0.1]
+    sparse = [0.0, 8.0, 9.0]
+    scores = fuse_scores(dense, sparse, method=method)
+    assert len(scores) == 3 and all(s >= 0 for s in scores)
+    only_dense = fuse_scores(dense, sparse, method=method, sparse_weight=0.0)
+    assert sorted(range(3), key=lambda i: -only_dense[i]) == [0, 1, 2]
+    only_sparse = fuse_scores(dense, sparse, method=method, dense_weight=0.0)
+    assert sorted(range(3), key=lambda i: -only_sparse[i]) == [2, 1, 0]
+
+
+def test_fuse_scores_rrf_by_hand() -> None:
+    scores = fuse_scores([0.9, 0.5], [1.0, 3.0], k=60)
+    assert scores == pytest.approx([1 / 61 + 1 / 62, 1 / 62 + 1 / 61])
+
+
+def test_fuse_scores_refuses_misaligned_or_unknown_input() -> None:
+    with pytest.raises(ValueError, match="length"):
+        fuse_scores([0.1], [0.1, 0.2])
+    with pytest.raises(ValueError, match="unknown fusion method"):
+        fuse_scores([0.1], [0.1], method="max")  # type: ignore[arg-type]

@@ -35,7 +35,14 @@ from ragstream.embedders.spec import EmbeddingSpec
 from ragstream.errors import IndexNotFoundError
 from ragstream.eval.parity import ParitySettings
 from ragstream.kafka_config import KafkaSettings
-from ragstream.reindex import ReindexOptions, ReindexReport, reindex, retriever_search
+from ragstream.reindex import (
+    CalibrateFn,
+    ReindexOptions,
+    ReindexReport,
+    calibrate_with,
+    reindex,
+    retriever_search,
+)
 from ragstream.services.postgres import PostgresCluster
 from ragstream.services.tansu import TansuBroker
 from ragstream.settings import IngestSettings, SorSettings, StoreSettings
@@ -207,6 +214,7 @@ class Stack:
     def run_reindex(self, **options: Any) -> ReindexReport:
         parity = options.pop("parity", ParitySettings(sample=60))
         sleep = options.pop("sleep", time.sleep)
+        calibrate: CalibrateFn | None = options.pop("calibrate", None)
         return reindex(
             TENANT,
             embedder=self.next_embedder,
@@ -219,6 +227,7 @@ class Stack:
             search=retriever_search(self.retriever, parity.top_k),
             options=ReindexOptions(parity=parity, **options),
             sleep=sleep,
+            calibrate=calibrate,
         )
 
 
@@ -448,6 +457,30 @@ def test_a_failing_parity_gate_leaves_the_old_version_active(stack_factory: Any)
     forced = stack.run_reindex(settle_s=0, grace_s=0, force=True)
     assert forced.outcome == "switched" and forced.parity_overridden
     assert forced.new_version == 3 and registry.active_version(TENANT) == 3
+
+
+def test_reindex_fits_the_new_version_calibration_before_the_parity_gate(
+    stack_factory: Any,
+) -> None:
+    stack: Stack = stack_factory(HashEmbedder(V2))
+    load(stack, random.Random(5), 40)
+    fit = calibrate_with(stack.retriever, stack.next_embedder)
+    calls: list[int] = []
+
+    def calibrate(tenant: str, version: int, progress: Any) -> dict[str, Any]:
+        assert stack.worker.registry.manifest(tenant, version).status == "building"
+        calls.append(version)
+        return fit(tenant, version, progress)
+
+    report = stack.run_reindex(settle_s=0, grace_s=0, calibrate=calibrate)
+
+    assert calls == [report.new_version]
+    assert report.calibration is not None and report.calibration["fingerprint"]
+    assert report.to_dict()["calibration"] == report.calibration
+    registry = stack.worker.registry
+    assert registry.load_calibration(TENANT, report.new_version) is not None
+    assert registry.load_calibration(TENANT, 1) is None  # the old version keeps the prior
+    assert report.parity is not None
 
 
 class FlakySor:

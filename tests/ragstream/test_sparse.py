@@ -8,7 +8,16 @@ import math
 import pytest
 
 import ragstream.sparse as sparse_module
-from ragstream.sparse import Bm25Config, Bm25Encoder, bm25_weight, idf, token_index
+from ragstream.sparse import (
+    Bm25Config,
+    Bm25Encoder,
+    Bm25Scorer,
+    LexiconStats,
+    bm25_weight,
+    idf,
+    is_identifier,
+    token_index,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -19,14 +28,14 @@ def test_identifiers_are_kept_whole_and_split() -> None:
         "error",
         "e-1042", "e", "1042",
         "err_timeout", "err", "timeout",
-        "since",
+        "sinc",
         "v2.3.1", "v2", "3", "1",
     ]  # fmt: skip
 
 
 def test_stopwords_drop_alone_but_not_inside_identifiers() -> None:
     encoder = Bm25Encoder()
-    assert encoder.tokenize("the cause of the-end") == ["cause", "the-end", "the", "end"]
+    assert encoder.tokenize("the cause of the-end") == ["caus", "the-end", "the", "end"]
     assert Bm25Encoder(Bm25Config(stopwords=frozenset())).tokenize("the end") == ["the", "end"]
 
 
@@ -98,9 +107,107 @@ def test_hash_collisions_merge_term_frequencies(monkeypatch: pytest.MonkeyPatch)
 
 def test_model_version_names_the_encoding() -> None:
     default = Bm25Encoder().model_version
-    assert default.startswith("ragstream-bm25@1;k1=1.2;b=0.75;avgdl=256")
+    # version 2: stemming; an index built with version 1 is refused (MANIFEST_MISMATCH)
+    assert default == "ragstream-bm25@2;k1=1.2;b=0.75;avgdl=256;stop=en;stem=english;max=64"
     assert Bm25Encoder(Bm25Config(avgdl=100)).model_version != default
     assert Bm25Encoder(Bm25Config(stopwords=frozenset())).model_version != default
+    assert Bm25Encoder(Bm25Config(stemmer=None)).model_version.endswith("stem=none;max=64")
+
+
+def test_words_and_identifier_parts_are_stemmed_but_whole_identifiers_are_not() -> None:
+    tokens = Bm25Encoder().tokenize("Bearings greased; RETRY_POLICIES and E-2113 errors")
+    assert tokens == [
+        "bear", "greas",
+        "retry_policies", "retri", "polici",
+        "e-2113", "e", "2113",
+        "error",
+    ]  # fmt: skip
+    assert Bm25Encoder(Bm25Config(stemmer=None)).tokenize("bearings") == ["bearings"]
+
+
+def test_unknown_stemmer_language_is_refused() -> None:
+    with pytest.raises(ValueError, match="Snowball"):
+        Bm25Config(stemmer="klingon")
+
+
+@pytest.mark.parametrize(
+    ("word", "expected"),
+    [
+        ("E-2113", True),
+        ("v2", True),
+        ("GX-PMP-4200", True),
+        ("ACM-TEAM-ANNUAL", True),
+        ("auth.saml.allowed_clock_skew_seconds", True),
+        ("ERR_TIMEOUT", True),
+        ("NCR-2024-118", True),
+        ("SAML", False),
+        ("sign-in", False),
+        ("Retry-After", False),
+        ("30-day", False),
+        ("2nd", False),
+        ("2024", False),
+        ("0.67", False),
+        ("e.g", False),
+        ("mm/s", False),
+    ],
+)
+def test_identifier_like_words(word: str, expected: bool) -> None:
+    assert is_identifier(word) is expected
+
+
+def test_identifiers_of_a_query_are_its_identifier_words_lowercased() -> None:
+    encoder = Bm25Encoder()
+    assert encoder.identifiers("what does error E-2113 mean, and v2?") == ["e-2113", "v2"]
+    assert encoder.identifiers("how do refunds work?") == []
+
+
+def test_lexicon_counts_chunks_average_length_and_document_frequencies() -> None:
+    encoder = Bm25Encoder()
+    stats = LexiconStats.build(["pump seal leaks", "seal kit GX-42", "refund policy"], encoder)
+    assert stats.n_docs == 3
+    assert stats.avgdl == pytest.approx(8 / 3)  # 3 + 3 + 2 surface words
+    assert stats.doc_freq("seal") == 2
+    assert stats.doc_freq("gx-42") == 1
+    assert stats.doc_freq("absent") == 0
+    assert stats.idf("seal") == pytest.approx(idf(3, 2))
+    again = LexiconStats.from_dict(stats.to_dict())
+    assert (again.n_docs, again.avgdl, again.doc_freq("seal")) == (3, stats.avgdl, 2)
+
+
+def test_exact_bm25_uses_the_index_average_length_not_the_constant() -> None:
+    encoder = Bm25Encoder()
+    texts = ["alpha beta", "alpha gamma delta epsilon zeta eta theta iota"]
+    stats = LexiconStats.build(texts, encoder)
+    scorer = Bm25Scorer(encoder, stats)
+    query = scorer.query("alpha")
+    short, long = scorer.match_all(query, texts)
+    weight = stats.idf("alpha")
+    avgdl = stats.avgdl  # 5 words, not 256
+    assert short.score == pytest.approx(weight * bm25_weight(1, 2, encoder.config, avgdl))
+    assert long.score == pytest.approx(weight * bm25_weight(1, 8, encoder.config, avgdl))
+    assert short.score > long.score
+    assert short.coverage == 1.0 and short.normalized == pytest.approx(short.score / weight)
+
+
+def test_coverage_is_idf_weighted_and_identifiers_are_matched_whole() -> None:
+    encoder = Bm25Encoder()
+    texts = ["pump pump pump seal", "pump E-2113 seal", "pump"]
+    scorer = Bm25Scorer(encoder, LexiconStats.build(texts, encoder))
+    query = scorer.query("pump E-2113")
+    first, second, _ = scorer.match_all(query, texts)
+    assert second.identifiers == ("e-2113",)
+    assert first.identifiers == ()
+    assert second.coverage == 1.0
+    assert 0.0 < first.coverage < 0.2  # "pump" is in every chunk: almost no weight
+    missing = scorer.query("pump E-9999")
+    assert missing.unknown_identifiers == ("e-9999",)
+    assert missing.missing_share > 0.5
+
+
+def test_scorer_refuses_statistics_of_another_encoder() -> None:
+    stats = LexiconStats.build(["a b"], Bm25Encoder(Bm25Config(stemmer=None)))
+    with pytest.raises(ValueError, match="counted with"):
+        Bm25Scorer(Bm25Encoder(), stats)
 
 
 @pytest.mark.parametrize("kwargs", [{"k1": -0.1}, {"b": 1.5}, {"avgdl": 0.0}, {"max_token_len": 0}])

@@ -11,6 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from retrieval_api.config import RetrievalConfig
 from retrieval_api.evidence import (
+    CalibrationInfo,
     IndexInfo,
     Verdict,
     build_pack,
@@ -20,7 +21,14 @@ from retrieval_api.evidence import (
     serialize_pack,
     verdicts_from_sor,
 )
-from retrieval_api.ranking import Candidate, ExclusionReason, Ranking, ScoreKind, rank
+from retrieval_api.ranking import (
+    Candidate,
+    ExclusionReason,
+    Ranking,
+    ScoreKind,
+    Thresholds,
+    rank,
+)
 from retrieval_api.validate import ValidatedRequest
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from tests.retrieval_api.helpers import REQUEST_ID, TENANT, cand, request
@@ -276,3 +284,68 @@ def test_unverifiable_hits_are_excluded_and_never_asked_to_be_reindexed() -> Non
         ("a:chunk:0", pb.EXCLUSION_REASON_UNVERIFIABLE)
     ]
     assert reindex_requests(pack) == []
+
+
+def _evidence_ranking(items: Sequence[Candidate]) -> Ranking:
+    req = request(CONFIG, top_k=3)
+    thresholds = CONFIG.thresholds(
+        ScoreKind.EVIDENCE, calibrated=Thresholds(0.4, 0.6, 0.85)
+    )  # floor 0.4 x supporting_ratio
+    return rank(
+        items,
+        store_filter=req.store_filter,
+        top_k=3,
+        thresholds=thresholds,
+        score_kind=ScoreKind.EVIDENCE,
+        order="fused",
+        order_by="rrf(dense 1, lexical 1, k 60)",
+    )
+
+
+def _scored(chunk_id: str, evidence: float, ids: tuple[str, ...] = ()) -> Candidate:
+    base = cand(chunk_id, 0.5)
+    return Candidate(base.hit, 0.5, evidence=evidence, lexical=7.5, identifiers=ids)
+
+
+def test_pack_reports_the_evidence_score_beside_the_channel_scores_and_the_calibration() -> None:
+    req = request(CONFIG, top_k=3)
+    ranking = _evidence_ranking([_scored("a:chunk:0", 0.9, ("p-101",)), _scored("b:chunk:0", 0.5)])
+    pack = build_pack(
+        req,
+        INDEX,
+        ranking,
+        {"a:chunk:0": Verdict.OK, "b:chunk:0": Verdict.OK},
+        retrieved_at=NOW,
+        timings_ms=TIMINGS,
+        calibration=CalibrationInfo("fitted", "abc123def456", NOW),
+        lexical_details={"a:chunk:0": (1.5, 0.8)},
+    )
+    assert pack.score_kind == pb.SCORE_KIND_EVIDENCE
+    assert pack.order_by == "rrf(dense 1, lexical 1, k 60)"
+    assert (pack.calibration.source, pack.calibration.fingerprint) == ("fitted", "abc123def456")
+    top = pack.results[0]
+    assert top.scores.evidence == top.scores.final == 0.9
+    assert top.scores.dense == 0.5 and top.scores.lexical == 7.5
+    assert (top.scores.lexical_normalized, top.scores.coverage) == (1.5, 0.8)
+    assert list(top.matched_identifiers) == ["p-101"]
+    assert pack.confidence == pb.CONFIDENCE_HIGH
+    assert pack.min_score == 0.4
+
+
+def test_supporting_chunks_alone_are_no_evidence_when_the_sor_excludes_the_best_one() -> None:
+    req = request(CONFIG, top_k=3)
+    ranking = _evidence_ranking([_scored("a:chunk:0", 0.9), _scored("b:chunk:0", 0.2)])
+    assert [r.chunk_id for r in ranking.results] == ["a:chunk:0", "b:chunk:0"]
+    pack = build_pack(
+        req,
+        INDEX,
+        ranking,
+        {"a:chunk:0": Verdict.STALE, "b:chunk:0": Verdict.OK},
+        retrieved_at=NOW,
+        timings_ms=TIMINGS,
+    )
+    assert pack.status == pb.RETRIEVAL_STATUS_NO_EVIDENCE
+    assert not pack.results
+    reasons = {(x.chunk_id, x.reason) for x in pack.excluded}
+    assert ("a:chunk:0", pb.EXCLUSION_REASON_STALE) in reasons
+    assert ("b:chunk:0", pb.EXCLUSION_REASON_BELOW_THRESHOLD) in reasons

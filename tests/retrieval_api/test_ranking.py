@@ -231,3 +231,77 @@ def test_thresholds_must_be_ordered_and_finite() -> None:
 def test_top_k_must_be_positive() -> None:
     with pytest.raises(ValueError, match="top_k"):
         rank([], store_filter=ANY, top_k=0, thresholds=T)
+
+
+def _evidence(chunk_id: str, evidence: float, order: float, ids: tuple[str, ...] = ()) -> Candidate:
+    hit = replace(fused(chunk_id, dense=0.5), score=order)
+    return Candidate(hit, 0.5, evidence=evidence, identifiers=ids)
+
+
+E = Thresholds(hard=0.4, medium=0.6, high=0.85, floor=0.1)
+
+
+def test_a_chunk_holding_a_query_identifier_ranks_first_and_is_never_below_threshold() -> None:
+    # The dev stack's showcase: BM25 finds the E-2113 chunks, their evidence is low, an
+    # unrelated error-code chunk scores higher. The identifier chunks must come first.
+    candidates = [
+        _evidence("codes:chunk:5", 0.55, order=0.05),
+        _evidence("release-1:chunk:0", 0.02, order=0.03, ids=("e-2113",)),
+        _evidence("release-2:chunk:0", 0.01, order=0.02, ids=("e-2113",)),
+    ]
+    ranking = rank(
+        candidates, store_filter=ANY, top_k=5, thresholds=E, score_kind=ScoreKind.EVIDENCE,
+        order="fused",
+    )  # fmt: skip
+    assert ids(ranking.results) == ["release-1:chunk:0", "release-2:chunk:0", "codes:chunk:5"]
+    assert ranking.counters.rejected_by_threshold == 0
+
+
+def test_identifier_protection_can_be_turned_off() -> None:
+    candidates = [_evidence("a:chunk:0", 0.05, order=0.9, ids=("e-2113",))]
+    ranking = rank(
+        candidates, store_filter=ANY, top_k=5, thresholds=E, score_kind=ScoreKind.EVIDENCE,
+        order="fused", protect_identifiers=False,
+    )  # fmt: skip
+    assert ranking.no_evidence
+
+
+def test_supporting_chunks_are_kept_down_to_the_floor_only_once_one_chunk_has_evidence() -> None:
+    answered = [
+        _evidence("a:chunk:0", 0.70, order=0.9),
+        _evidence("b:chunk:0", 0.15, order=0.8),  # supporting: above the floor
+        _evidence("c:chunk:0", 0.05, order=0.7),  # below the floor
+    ]
+    ranking = rank(
+        answered, store_filter=ANY, top_k=5, thresholds=E, score_kind=ScoreKind.EVIDENCE,
+        order="fused",
+    )  # fmt: skip
+    assert ids(ranking.results) == ["a:chunk:0", "b:chunk:0"]
+    assert [x.chunk_id for x in ranking.excluded] == ["c:chunk:0"]
+    unanswered = [_evidence("b:chunk:0", 0.35, order=0.8), _evidence("c:chunk:0", 0.3, order=0.7)]
+    ranking = rank(
+        unanswered, store_filter=ANY, top_k=5, thresholds=E, score_kind=ScoreKind.EVIDENCE,
+        order="fused",
+    )  # fmt: skip
+    assert ranking.no_evidence  # nothing reaches hard: the floor does not apply
+
+
+def test_evidence_order_sorts_by_the_evidence_score_not_the_fused_one() -> None:
+    candidates = [_evidence("a:chunk:0", 0.5, order=0.9), _evidence("b:chunk:0", 0.8, order=0.1)]
+    ranking = rank(
+        candidates, store_filter=ANY, top_k=5, thresholds=E, score_kind=ScoreKind.EVIDENCE,
+        order="evidence",
+    )  # fmt: skip
+    assert ids(ranking.results) == ["b:chunk:0", "a:chunk:0"]
+    assert ranking.results[0].final == 0.8
+
+
+def test_evidence_kind_needs_an_evidence_score() -> None:
+    with pytest.raises(ValueError, match="no evidence score"):
+        cand("a:chunk:0", 0.5).final(ScoreKind.EVIDENCE)
+
+
+def test_floor_must_not_exceed_hard() -> None:
+    with pytest.raises(ValueError, match="floor"):
+        Thresholds(hard=0.3, medium=0.4, high=0.5, floor=0.35)
+    assert Thresholds(hard=0.3, medium=0.4, high=0.5).supporting == 0.3

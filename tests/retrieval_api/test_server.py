@@ -55,7 +55,11 @@ def test_provenance_chain_leads_from_result_to_the_same_sor_row(stack: Stack) ->
     assert source.retrieved_at.seconds > 0
     assert pack.embedding_model_version == "all-MiniLM-L6-v2@onnx-int8-1.0.0"
     assert pack.index_name == "rag__acme__v1" and pack.index_version == 1
-    assert top.scores.similarity == top.scores.final  # thresholds use the cosine
+    # thresholds use the evidence score, reported beside the channel scores
+    assert pack.score_kind == pb.SCORE_KIND_EVIDENCE
+    assert top.scores.evidence == top.scores.final
+    assert top.scores.similarity == top.scores.dense and top.scores.HasField("lexical")
+    assert pack.calibration.source == "prior"  # the stack never calibrated this index
     stages = {"resolve", "embed", "search", "rank", "verify", "evidence", "total"}
     assert stages <= set(pack.timings_ms)
     assert pack.timings_ms["total"] >= pack.timings_ms["evidence"]

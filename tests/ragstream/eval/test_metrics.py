@@ -22,6 +22,7 @@ from ragstream.eval.metrics import (
     Status,
     dedup,
     evaluate,
+    evaluate_query,
     hit_at,
     ndcg_at,
     percentile,
@@ -252,3 +253,56 @@ def test_metric_bounds_and_monotonicity(grades: dict[str, int], ranked: list[str
         previous_recall = r
     ideal = sorted(grades, key=lambda d: -grades[d])
     assert ndcg_at(ideal, grades, 10) == pytest.approx(1.0)
+
+
+def test_expected_calibration_error_by_hand() -> None:
+    from ragstream.eval.metrics import expected_calibration_error, reliability_bins
+
+    scores = [0.05, 0.15, 0.95, 0.95]
+    labels = [0, 1, 1, 1]
+    # bins: [0, .1): 0.05 vs 0 -> 0.05; [.1, .2): 0.15 vs 1 -> 0.85; [.9, 1]: 0.95 vs 1 -> 0.05
+    expected = 0.25 * 0.05 + 0.25 * 0.85 + 0.5 * 0.05
+    assert expected_calibration_error(scores, labels) == pytest.approx(expected)
+    bins = reliability_bins(scores, labels)
+    assert [b.count for b in bins] == [1, 1, 0, 0, 0, 0, 0, 0, 0, 2]
+    assert bins[9].mean_score == pytest.approx(0.95) and bins[9].observed == 1.0
+    assert bins[3].mean_score is None and bins[3].observed is None
+    assert expected_calibration_error([], []) is None
+    with pytest.raises(ValueError, match="within"):
+        reliability_bins([1.5], [1])
+
+
+def test_calibration_items_are_the_scored_entities_labelled_by_their_grade() -> None:
+    from ragstream.eval.metrics import ANSWER_GRADE
+
+    query = EvalQuery(
+        query_id="q",
+        text="t",
+        tenant="acme",
+        kind=QueryKind.MULTI_RELEVANT,
+        answerable=True,
+        relevant={"a": 3, "b": 1},
+    )
+    run = QueryRun(
+        "q", Status.SUCCESS, entity_ids=("a",), scored=(("a", 0.9), ("b", 0.4), ("a", 0.2))
+    )
+    row = evaluate_query(query, run)
+    assert ANSWER_GRADE == 2
+    # first score of each entity; b is only related (grade 1): not an answer
+    assert row.calibration == ((0.9, 1), (0.4, 0))
+    result = evaluate([query], [run])
+    assert result.aggregates["n_scored"] == 2.0
+    assert result.aggregates["ece_top1"] == pytest.approx(0.1)
+
+
+def test_binary_judgments_count_their_relevant_entities_as_answers() -> None:
+    query = EvalQuery(
+        query_id="q",
+        text="t",
+        tenant="beir",
+        kind=QueryKind.BENCHMARK,
+        answerable=True,
+        relevant={"doc": 1},
+    )
+    row = evaluate_query(query, QueryRun("q", Status.SUCCESS, ("doc",), scored=(("doc", 0.7),)))
+    assert row.calibration == ((0.7, 1),)

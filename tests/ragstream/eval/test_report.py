@@ -101,3 +101,39 @@ def test_write_report_writes_json_and_html(tmp_path: Path) -> None:
     assert data["configs"]["dense"]["rows"] == []
     assert data["meta"] == {"seed": 1}
     assert paths.html_path.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def test_reliability_diagram_has_one_point_per_non_empty_bin_and_the_diagonal() -> None:
+    from ragstream.eval.report import render_reliability_svg
+
+    bins: list[dict[str, Any]] = [
+        {"low": 0.0, "high": 0.1, "count": 8, "mean_score": 0.05, "observed": 0.0},
+        {"low": 0.1, "high": 0.2, "count": 0, "mean_score": None, "observed": None},
+        {"low": 0.9, "high": 1.0, "count": 2, "mean_score": 0.95, "observed": 1.0},
+    ]
+    svg = render_reliability_svg(bins, label="default")
+    assert svg.count('class="bin"') == 2
+    assert 'class="diagonal"' in svg
+    assert 'data-count="8"' in svg and 'data-observed="1.0"' in svg
+
+
+def test_summary_table_lists_configurations_with_the_paired_difference() -> None:
+    from ragstream.eval.report import summary_table
+
+    table = summary_table(
+        {"default": {"ndcg@5": 0.85, "ece": None}, "dense_only": {"ndcg@5": 0.80}},
+        {"dense_only": {"mean_diff_vs_default": -0.05, "ci95": [-0.08, -0.02], "p_value": 0.001}},
+        metrics=("ndcg@5", "ece"),
+    )
+    lines = table.splitlines()
+    assert lines[0].startswith("config") and "ndcg@5" in lines[0]
+    assert "0.850" in lines[1] and "n/a" in lines[1]
+    assert "-0.050 [-0.080, -0.020], p=0.0010" in lines[2]
+
+
+def test_html_report_embeds_the_reliability_diagrams(tmp_path: Path) -> None:
+    bins = [{"low": 0.0, "high": 1.0, "count": 3, "mean_score": 0.4, "observed": 0.33}]
+    paths = write_report(tmp_path, {"default": {"recall@5": 0.9}}, reliability={"default": bins})
+    page = paths.html_path.read_text()
+    assert "Calibration of the evidence score" in page and 'class="reliability"' in page
+    assert json.loads(paths.json_path.read_text())["reliability"]["default"][0]["count"] == 3

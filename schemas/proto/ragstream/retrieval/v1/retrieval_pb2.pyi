@@ -4,8 +4,10 @@ isort:skip_file
 The retrieval contract of ragstream (seed 001, adapted to Qdrant and gRPC; DESIGN decision 9).
 
 A caller asks one question of its own tenant's index and gets an evidence pack: the results
-that survived strict filters, a hard threshold on a calibrated score, per-entity dedup and a
-check against the system of record (SoR), plus everything that was excluded and why.
+that survived strict filters, a hard threshold on a calibrated score (the evidence score: an
+estimate in [0, 1] that the chunk answers the question, calibrated per index), per-entity
+dedup and a check against the system of record (SoR), plus everything that was excluded and
+why.
 
 Generated code: run schemas/proto/generate.sh after editing this file.
 """
@@ -87,6 +89,11 @@ class _ScoreKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ScoreKind.V
     """Cosine similarity of the query and chunk embeddings, in [-1, 1]."""
     SCORE_KIND_RERANK: _ScoreKind.ValueType  # 2
     """The reranker's relevance score."""
+    SCORE_KIND_EVIDENCE: _ScoreKind.ValueType  # 3
+    """The evidence score: an estimate in [0, 1] that the chunk answers the query, from the cosine,
+    exact BM25, coverage, identifier matches, both ranks (and a reranker's score), calibrated per
+    index without labels from people.
+    """
 
 class ScoreKind(_ScoreKind, metaclass=_ScoreKindEnumTypeWrapper):
     """Which score `Scores.final` holds, hence which thresholds applied."""
@@ -96,6 +103,11 @@ SCORE_KIND_COSINE: ScoreKind.ValueType  # 1
 """Cosine similarity of the query and chunk embeddings, in [-1, 1]."""
 SCORE_KIND_RERANK: ScoreKind.ValueType  # 2
 """The reranker's relevance score."""
+SCORE_KIND_EVIDENCE: ScoreKind.ValueType  # 3
+"""The evidence score: an estimate in [0, 1] that the chunk answers the query, from the cosine,
+exact BM25, coverage, identifier matches, both ranks (and a reranker's score), calibrated per
+index without labels from people.
+"""
 Global___ScoreKind: _TypeAlias = ScoreKind  # noqa: Y015
 
 class _ExclusionReason:
@@ -114,7 +126,9 @@ class _ExclusionReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Exclu
     EXCLUSION_REASON_FILTERED: _ExclusionReason.ValueType  # 4
     """The chunk does not satisfy the request's filters (post-search re-check)."""
     EXCLUSION_REASON_BELOW_THRESHOLD: _ExclusionReason.ValueType  # 5
-    """The calibrated score is below the hard threshold."""
+    """The calibrated score is below the hard threshold (never for a chunk holding an identifier
+    of the query).
+    """
     EXCLUSION_REASON_DUPLICATE: _ExclusionReason.ValueType  # 6
     """Another chunk of the same entity (or the same chunk) ranked higher."""
     EXCLUSION_REASON_UNVERIFIABLE: _ExclusionReason.ValueType  # 7
@@ -134,7 +148,9 @@ EXCLUSION_REASON_MISSING: ExclusionReason.ValueType  # 3
 EXCLUSION_REASON_FILTERED: ExclusionReason.ValueType  # 4
 """The chunk does not satisfy the request's filters (post-search re-check)."""
 EXCLUSION_REASON_BELOW_THRESHOLD: ExclusionReason.ValueType  # 5
-"""The calibrated score is below the hard threshold."""
+"""The calibrated score is below the hard threshold (never for a chunk holding an identifier
+of the query).
+"""
 EXCLUSION_REASON_DUPLICATE: ExclusionReason.ValueType  # 6
 """Another chunk of the same entity (or the same chunk) ranked higher."""
 EXCLUSION_REASON_UNVERIFIABLE: ExclusionReason.ValueType  # 7
@@ -254,7 +270,7 @@ class RetrieveRequest(_message.Message):
     top_k: _builtins.int
     """Results wanted, 1..max (configured); absent means the configured default."""
     min_similarity_override: _builtins.float
-    """Replaces the hard threshold on the calibrated score, within configured bounds."""
+    """Replaces the hard threshold on the calibrated (evidence) score, within configured bounds."""
     request_id: _builtins.str
     """Caller's correlation id ([A-Za-z0-9._:-], at most 128 chars); generated when empty."""
     @_builtins.property
@@ -360,8 +376,9 @@ Global___Locator: _TypeAlias = Locator  # noqa: Y015
 
 @_typing.final
 class Scores(_message.Message):
-    """Scores of one chunk. `final` is the calibrated score thresholds and order use; `fused` is a
-    ranking score only (RRF values are not comparable to thresholds).
+    """Scores of one chunk. `final` is the calibrated score thresholds and confidence use (the
+    evidence score); `order` (= `fused`) is the score that ordered the results (the pack's
+    `order_by` names it): a ranking score only (RRF values are not comparable to thresholds).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -374,18 +391,33 @@ class Scores(_message.Message):
     SIMILARITY_FIELD_NUMBER: _builtins.int
     DENSE_RANK_FIELD_NUMBER: _builtins.int
     SPARSE_RANK_FIELD_NUMBER: _builtins.int
+    EVIDENCE_FIELD_NUMBER: _builtins.int
+    LEXICAL_FIELD_NUMBER: _builtins.int
+    LEXICAL_NORMALIZED_FIELD_NUMBER: _builtins.int
+    COVERAGE_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
     dense: _builtins.float
     """Cosine similarity from the dense branch, when that branch returned the chunk."""
     sparse: _builtins.float
-    """Sparse (BM25-style) score, when the sparse branch returned the chunk."""
+    """The engine's sparse (BM25-style) score, when the sparse branch returned the chunk."""
     fused: _builtins.float
+    """The ordering score (same value as `order`; kept for older clients)."""
     rerank: _builtins.float
     final: _builtins.float
     similarity: _builtins.float
     """Cosine similarity of query and chunk (recomputed from the stored vector for sparse-only hits)."""
     dense_rank: _builtins.int
-    """1-based ranks in each branch, when present."""
+    """1-based ranks in each engine branch, when present."""
     sparse_rank: _builtins.int
+    evidence: _builtins.float
+    """The evidence score (see SCORE_KIND_EVIDENCE)."""
+    lexical: _builtins.float
+    """Exact Okapi BM25 with the index's statistics, and divided by the query's summed IDF."""
+    lexical_normalized: _builtins.float
+    coverage: _builtins.float
+    """IDF-weighted share of the query's terms the chunk contains."""
+    order: _builtins.float
+    """The score that ordered the results."""
     def __init__(
         self,
         *,
@@ -397,15 +429,28 @@ class Scores(_message.Message):
         similarity: _builtins.float = ...,
         dense_rank: _builtins.int | None = ...,
         sparse_rank: _builtins.int | None = ...,
+        evidence: _builtins.float | None = ...,
+        lexical: _builtins.float | None = ...,
+        lexical_normalized: _builtins.float | None = ...,
+        coverage: _builtins.float | None = ...,
+        order: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_dense", b"_dense", "_dense_rank", b"_dense_rank", "_rerank", b"_rerank", "_sparse", b"_sparse", "_sparse_rank", b"_sparse_rank", "dense", b"dense", "dense_rank", b"dense_rank", "rerank", b"rerank", "sparse", b"sparse", "sparse_rank", b"sparse_rank"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_coverage", b"_coverage", "_dense", b"_dense", "_dense_rank", b"_dense_rank", "_evidence", b"_evidence", "_lexical", b"_lexical", "_lexical_normalized", b"_lexical_normalized", "_rerank", b"_rerank", "_sparse", b"_sparse", "_sparse_rank", b"_sparse_rank", "coverage", b"coverage", "dense", b"dense", "dense_rank", b"dense_rank", "evidence", b"evidence", "lexical", b"lexical", "lexical_normalized", b"lexical_normalized", "rerank", b"rerank", "sparse", b"sparse", "sparse_rank", b"sparse_rank"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_dense", b"_dense", "_dense_rank", b"_dense_rank", "_rerank", b"_rerank", "_sparse", b"_sparse", "_sparse_rank", b"_sparse_rank", "dense", b"dense", "dense_rank", b"dense_rank", "final", b"final", "fused", b"fused", "rerank", b"rerank", "similarity", b"similarity", "sparse", b"sparse", "sparse_rank", b"sparse_rank"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_coverage", b"_coverage", "_dense", b"_dense", "_dense_rank", b"_dense_rank", "_evidence", b"_evidence", "_lexical", b"_lexical", "_lexical_normalized", b"_lexical_normalized", "_rerank", b"_rerank", "_sparse", b"_sparse", "_sparse_rank", b"_sparse_rank", "coverage", b"coverage", "dense", b"dense", "dense_rank", b"dense_rank", "evidence", b"evidence", "final", b"final", "fused", b"fused", "lexical", b"lexical", "lexical_normalized", b"lexical_normalized", "order", b"order", "rerank", b"rerank", "similarity", b"similarity", "sparse", b"sparse", "sparse_rank", b"sparse_rank"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__coverage: _TypeAlias = _typing.Literal["coverage"]  # noqa: Y015
+    _WhichOneofArgType__coverage: _TypeAlias = _typing.Literal["_coverage", b"_coverage"]  # noqa: Y015
     _WhichOneofReturnType__dense: _TypeAlias = _typing.Literal["dense"]  # noqa: Y015
     _WhichOneofArgType__dense: _TypeAlias = _typing.Literal["_dense", b"_dense"]  # noqa: Y015
     _WhichOneofReturnType__dense_rank: _TypeAlias = _typing.Literal["dense_rank"]  # noqa: Y015
     _WhichOneofArgType__dense_rank: _TypeAlias = _typing.Literal["_dense_rank", b"_dense_rank"]  # noqa: Y015
+    _WhichOneofReturnType__evidence: _TypeAlias = _typing.Literal["evidence"]  # noqa: Y015
+    _WhichOneofArgType__evidence: _TypeAlias = _typing.Literal["_evidence", b"_evidence"]  # noqa: Y015
+    _WhichOneofReturnType__lexical: _TypeAlias = _typing.Literal["lexical"]  # noqa: Y015
+    _WhichOneofArgType__lexical: _TypeAlias = _typing.Literal["_lexical", b"_lexical"]  # noqa: Y015
+    _WhichOneofReturnType__lexical_normalized: _TypeAlias = _typing.Literal["lexical_normalized"]  # noqa: Y015
+    _WhichOneofArgType__lexical_normalized: _TypeAlias = _typing.Literal["_lexical_normalized", b"_lexical_normalized"]  # noqa: Y015
     _WhichOneofReturnType__rerank: _TypeAlias = _typing.Literal["rerank"]  # noqa: Y015
     _WhichOneofArgType__rerank: _TypeAlias = _typing.Literal["_rerank", b"_rerank"]  # noqa: Y015
     _WhichOneofReturnType__sparse: _TypeAlias = _typing.Literal["sparse"]  # noqa: Y015
@@ -413,9 +458,17 @@ class Scores(_message.Message):
     _WhichOneofReturnType__sparse_rank: _TypeAlias = _typing.Literal["sparse_rank"]  # noqa: Y015
     _WhichOneofArgType__sparse_rank: _TypeAlias = _typing.Literal["_sparse_rank", b"_sparse_rank"]  # noqa: Y015
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__coverage) -> _WhichOneofReturnType__coverage | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__dense) -> _WhichOneofReturnType__dense | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__dense_rank) -> _WhichOneofReturnType__dense_rank | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__evidence) -> _WhichOneofReturnType__evidence | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__lexical) -> _WhichOneofReturnType__lexical | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__lexical_normalized) -> _WhichOneofReturnType__lexical_normalized | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__rerank) -> _WhichOneofReturnType__rerank | None: ...
     @_typing.overload
@@ -461,6 +514,7 @@ class Result(_message.Message):
     EVENT_DATE_FIELD_NUMBER: _builtins.int
     SOURCE_REFERENCE_FIELD_NUMBER: _builtins.int
     ATTRIBUTES_FIELD_NUMBER: _builtins.int
+    MATCHED_IDENTIFIERS_FIELD_NUMBER: _builtins.int
     rank: _builtins.int
     """1-based position in `results`."""
     chunk_id: _builtins.str
@@ -484,6 +538,12 @@ class Result(_message.Message):
     def attributes(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Values of the deployment-configured keyword fields (e.g. equipment_id)."""
 
+    @_builtins.property
+    def matched_identifiers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Identifiers of the query (error codes, ticket or part numbers) the chunk contains; such a
+        chunk ranks before chunks without them and is never below threshold.
+        """
+
     def __init__(
         self,
         *,
@@ -499,10 +559,11 @@ class Result(_message.Message):
         event_date: _timestamp_pb2.Timestamp | None = ...,
         source_reference: _builtins.str = ...,
         attributes: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        matched_identifiers: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["event_date", b"event_date", "locator", b"locator", "scores", b"scores"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attributes", b"attributes", "chunk_id", b"chunk_id", "entity_id", b"entity_id", "entity_type", b"entity_type", "event_date", b"event_date", "locator", b"locator", "rank", b"rank", "scores", b"scores", "source_hash", b"source_hash", "source_reference", b"source_reference", "text", b"text", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attributes", b"attributes", "chunk_id", b"chunk_id", "entity_id", b"entity_id", "entity_type", b"entity_type", "event_date", b"event_date", "locator", b"locator", "matched_identifiers", b"matched_identifiers", "rank", b"rank", "scores", b"scores", "source_hash", b"source_hash", "source_reference", b"source_reference", "text", b"text", "title", b"title"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -631,6 +692,38 @@ class DebugCounters(_message.Message):
 Global___DebugCounters: _TypeAlias = DebugCounters  # noqa: Y015
 
 @_typing.final
+class Calibration(_message.Message):
+    """The evidence calibration that scored the request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    FINGERPRINT_FIELD_NUMBER: _builtins.int
+    FITTED_AT_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    """"fitted": the index version's own (`ragstream calibrate`, reindex); "prior": the built-in
+    model, used until the version is calibrated.
+    """
+    fingerprint: _builtins.str
+    """Short hash of the model, order and thresholds."""
+    @_builtins.property
+    def fitted_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        fingerprint: _builtins.str = ...,
+        fitted_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fitted_at", b"fitted_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fingerprint", b"fingerprint", "fitted_at", b"fitted_at", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Calibration: _TypeAlias = Calibration  # noqa: Y015
+
+@_typing.final
 class EvidencePack(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -668,6 +761,8 @@ class EvidencePack(_message.Message):
     SCORE_KIND_FIELD_NUMBER: _builtins.int
     MIN_SCORE_FIELD_NUMBER: _builtins.int
     CONFIDENCE_FIELD_NUMBER: _builtins.int
+    ORDER_BY_FIELD_NUMBER: _builtins.int
+    CALIBRATION_FIELD_NUMBER: _builtins.int
     RESULTS_FIELD_NUMBER: _builtins.int
     SOURCES_FIELD_NUMBER: _builtins.int
     EXCLUDED_FIELD_NUMBER: _builtins.int
@@ -687,12 +782,16 @@ class EvidencePack(_message.Message):
     min_score: _builtins.float
     """Hard threshold on `Scores.final` that was applied."""
     confidence: Global___Confidence.ValueType
+    order_by: _builtins.str
+    """What ordered the results, e.g. "rrf(dense 1, lexical 1, k 60)" or "evidence"."""
     @_builtins.property
     def error(self) -> Global___Error:
         """Set when status is FAILED."""
 
     @_builtins.property
     def filters_applied(self) -> Global___Filters: ...
+    @_builtins.property
+    def calibration(self) -> Global___Calibration: ...
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___Result]: ...
     @_builtins.property
@@ -722,15 +821,17 @@ class EvidencePack(_message.Message):
         score_kind: Global___ScoreKind.ValueType = ...,
         min_score: _builtins.float | None = ...,
         confidence: Global___Confidence.ValueType = ...,
+        order_by: _builtins.str = ...,
+        calibration: Global___Calibration | None = ...,
         results: _abc.Iterable[Global___Result] | None = ...,
         sources: _abc.Iterable[Global___SourceRef] | None = ...,
         excluded: _abc.Iterable[Global___Exclusion] | None = ...,
         debug: Global___DebugCounters | None = ...,
         timings_ms: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_index_version", b"_index_version", "_min_score", b"_min_score", "debug", b"debug", "error", b"error", "filters_applied", b"filters_applied", "index_version", b"index_version", "min_score", b"min_score"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_index_version", b"_index_version", "_min_score", b"_min_score", "calibration", b"calibration", "debug", b"debug", "error", b"error", "filters_applied", b"filters_applied", "index_version", b"index_version", "min_score", b"min_score"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_index_version", b"_index_version", "_min_score", b"_min_score", "confidence", b"confidence", "debug", b"debug", "embedding_model_version", b"embedding_model_version", "error", b"error", "excluded", b"excluded", "filters_applied", b"filters_applied", "index_name", b"index_name", "index_version", b"index_version", "min_score", b"min_score", "request_id", b"request_id", "results", b"results", "results_returned", b"results_returned", "score_kind", b"score_kind", "similarity_metric", b"similarity_metric", "sources", b"sources", "status", b"status", "tenant", b"tenant", "timings_ms", b"timings_ms", "top_k_requested", b"top_k_requested"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_index_version", b"_index_version", "_min_score", b"_min_score", "calibration", b"calibration", "confidence", b"confidence", "debug", b"debug", "embedding_model_version", b"embedding_model_version", "error", b"error", "excluded", b"excluded", "filters_applied", b"filters_applied", "index_name", b"index_name", "index_version", b"index_version", "min_score", b"min_score", "order_by", b"order_by", "request_id", b"request_id", "results", b"results", "results_returned", b"results_returned", "score_kind", b"score_kind", "similarity_metric", b"similarity_metric", "sources", b"sources", "status", b"status", "tenant", b"tenant", "timings_ms", b"timings_ms", "top_k_requested", b"top_k_requested"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__index_version: _TypeAlias = _typing.Literal["index_version"]  # noqa: Y015
     _WhichOneofArgType__index_version: _TypeAlias = _typing.Literal["_index_version", b"_index_version"]  # noqa: Y015

@@ -4,8 +4,10 @@ isort:skip_file
 The retrieval contract of ragstream (seed 001, adapted to Qdrant and gRPC; DESIGN decision 9).
 
 A caller asks one question of its own tenant's index and gets an evidence pack: the results
-that survived strict filters, a hard threshold on a calibrated score, per-entity dedup and a
-check against the system of record (SoR), plus everything that was excluded and why.
+that survived strict filters, a hard threshold on a calibrated score (the evidence score: an
+estimate in [0, 1] that the chunk answers the question, calibrated per index), per-entity
+dedup and a check against the system of record (SoR), plus everything that was excluded and
+why.
 
 Generated code: run schemas/proto/generate.sh after editing this file.
 """

@@ -1,0 +1,321 @@
+"""Candidates of one query and every signal about them (the Retrieve pipeline's search stage).
+
+1. *Search*: the dense and the sparse branch of the index (one hybrid round trip), and, for
+   each identifier-like word of the query (`ragstream.sparse.is_identifier`), the chunks that
+   contain it (a sparse search for that token alone), so a chunk holding the error code the
+   question names is always a candidate.
+2. *Pool*: the union of those hits. Every candidate gets the cosine of query and chunk (the
+   dense branch's score, else computed from the stored vector) and exact BM25 with the index's
+   own statistics (`ragstream.sparse.Bm25Scorer`), so no candidate lacks a channel.
+3. *Score* (`finish`): the evidence score of every candidate (`EvidenceCalibration.evidence`)
+   and the score that orders them (a fusion of cosine and BM25 over the pool, or the evidence
+   score: `RankingChoice`).
+
+The calibration of an index version is read from the registry (`IndexRegistry.load_calibration`)
+and kept for `calibration_reload_s`; a version that was never calibrated is scored with the
+built-in prior model (`retrieval_api.prior`) over lexical statistics counted from the index
+itself, and the pack says so (`calibration.source = "prior"`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ragstream.errors import ManifestMismatchError
+from ragstream.fusion import FusedHit
+from ragstream.sparse import Bm25Encoder, Bm25Scorer, LexicalQuery, LexiconStats
+from ragstream.store.base import ScoredHit, StoreFilter, VectorStore
+from ragstream.store.registry import IndexRegistry, ResolvedIndex
+from retrieval_api.config import RetrievalConfig
+from retrieval_api.evidence_score import (
+    CalibrationError,
+    EvidenceCalibration,
+    RankingChoice,
+    Signals,
+)
+from retrieval_api.prior import prior_calibration
+from retrieval_api.ranking import Candidate
+
+log = logging.getLogger(__name__)
+
+#: A never-calibrated index's lexical statistics are recounted after this long.
+PRIOR_LEXICON_TTL_S = 300.0
+
+
+class CalibrationMismatchError(ManifestMismatchError):
+    """The index's calibration cannot score this pipeline (another reranker set-up, another
+    feature set or sparse encoder): run `ragstream calibrate`."""
+
+    code = "CALIBRATION_MISMATCH"
+
+
+RerankFn = Callable[[str, Sequence[str]], list[float]]
+
+
+@dataclass(frozen=True)
+class RawPool:
+    """The candidates of one query with their signals, before any model scored them."""
+
+    query: LexicalQuery
+    hits: tuple[FusedHit, ...]  # engine scores and ranks of each branch; score unset (0)
+    signals: tuple[Signals, ...]
+
+    def __len__(self) -> int:
+        return len(self.hits)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Scored candidates: evidence and ordering score of each (`hits[i].score`)."""
+
+    raw: RawPool
+    hits: tuple[FusedHit, ...]
+    evidence: tuple[float, ...]
+    choice: RankingChoice
+
+    def candidates(self) -> list[Candidate]:
+        """The ranking stage's input."""
+        return [
+            Candidate(
+                hit,
+                signal.cosine,
+                rerank=signal.rerank,
+                evidence=evidence,
+                lexical=signal.lexical.score,
+                identifiers=signal.lexical.identifiers,
+            )
+            for hit, signal, evidence in zip(
+                self.hits, self.raw.signals, self.evidence, strict=True
+            )
+        ]
+
+
+def finish(raw: RawPool, calibration: EvidenceCalibration, choice: RankingChoice) -> Pool:
+    """Evidence and ordering score of every candidate of `raw`."""
+    evidence = calibration.evidence(raw.query, raw.signals)
+    order = choice.scores(
+        [s.cosine for s in raw.signals], [s.lexical.score for s in raw.signals], evidence
+    )
+    hits = tuple(replace(hit, score=score) for hit, score in zip(raw.hits, order, strict=True))
+    return Pool(raw, hits, tuple(evidence), choice)
+
+
+@dataclass
+class _Cached:
+    calibration: EvidenceCalibration
+    loaded_at: float
+    ttl: float
+
+
+class CandidateSearch:
+    """Searches an index version and scores its candidates (thread-safe)."""
+
+    def __init__(
+        self,
+        *,
+        config: RetrievalConfig,
+        encoder: Bm25Encoder,
+        store: VectorStore,
+        registry: IndexRegistry,
+        rerank: RerankFn | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`rerank` scores (query, passages) when a reranker runs."""
+        self.config = config
+        self.encoder = encoder
+        self._store = store
+        self._registry = registry
+        self._rerank = rerank
+        self._monotonic = monotonic
+        self._cache: dict[str, _Cached] = {}
+        self._lock = threading.Lock()
+
+    # --- calibration ------------------------------------------------------------------------
+
+    def calibration(self, index: ResolvedIndex) -> EvidenceCalibration:
+        """The index version's calibration (cached), or the prior over its own statistics."""
+        now = self._monotonic()
+        with self._lock:
+            cached = self._cache.get(index.collection)
+            if cached is not None and now - cached.loaded_at < cached.ttl:
+                return cached.calibration
+        calibration, ttl = self._load(index)
+        with self._lock:
+            self._cache[index.collection] = _Cached(calibration, now, ttl)
+        return calibration
+
+    def forget(self, collection: str) -> None:
+        """Drop a cached calibration (e.g. right after `save_calibration`)."""
+        with self._lock:
+            self._cache.pop(collection, None)
+
+    def _load(self, index: ResolvedIndex) -> tuple[EvidenceCalibration, float]:
+        text = self._registry.load_calibration(index.tenant, index.version)
+        if text is None:
+            log.info(
+                "%s was never calibrated: scoring with the prior model (run `ragstream "
+                "calibrate --tenant %s`)",
+                index.collection,
+                index.tenant,
+            )
+            lexicon = self.lexicon(index.collection, index.tenant)
+            return prior_calibration(lexicon), PRIOR_LEXICON_TTL_S
+        try:
+            calibration = EvidenceCalibration.from_json(text)
+        except CalibrationError as exc:
+            raise CalibrationMismatchError(
+                f"calibration of {index.collection} is unusable: {exc}"
+            ) from exc
+        if calibration.lexicon.encoder_version != self.encoder.model_version:
+            raise CalibrationMismatchError(
+                f"calibration of {index.collection} counted its statistics with "
+                f"{calibration.lexicon.encoder_version}, this server encodes with "
+                f"{self.encoder.model_version}: run `ragstream calibrate`"
+            )
+        return calibration, self.config.calibration_reload_s
+
+    def lexicon(self, collection: str, tenant: str) -> LexiconStats:
+        """Count the lexical statistics of a collection's chunks (one scan of the texts)."""
+        texts = (
+            str(p.payload.get("text", ""))
+            for p in self._store.scroll(
+                collection, StoreFilter(tenant_id=tenant), batch=512, fields=["text"]
+            )
+        )
+        return LexiconStats.build(texts, self.encoder)
+
+    def choice(self, calibration: EvidenceCalibration) -> RankingChoice:
+        """The result order the configuration asks for (`order`)."""
+        c = self.config
+        if c.order == "calibrated":
+            return calibration.ranking
+        if c.order in ("evidence", "final"):
+            return RankingChoice(order="evidence")
+        return RankingChoice(
+            order="fused",
+            method=c.fusion_method,
+            dense_weight=c.dense_weight,
+            sparse_weight=c.sparse_weight,
+            k=c.rrf_k,
+        )
+
+    # --- search -----------------------------------------------------------------------------
+
+    def gather(
+        self,
+        collection: str,
+        text: str,
+        vector: NDArray[np.float32],
+        store_filter: StoreFilter,
+        *,
+        limit: int,
+        lexicon: LexiconStats,
+        with_rerank: bool,
+    ) -> RawPool:
+        """Search and measure every candidate (see the module docstring)."""
+        scorer = Bm25Scorer(self.encoder, lexicon)
+        query = scorer.query(text)
+        dense, sparse = self._search(collection, text, vector, store_filter, limit)
+        extra = self._identifier_hits(collection, query, store_filter, limit)
+        hits, cosines = self._pool(dense, sparse, extra)
+        missing = [h.point_id for h in hits if h.point_id not in cosines]
+        if missing:
+            tenant = store_filter.tenant_id
+            for point in self._store.retrieve(collection, missing, tenant, with_vectors=True):
+                if point.dense is not None:
+                    cosines[point.point_id] = float(np.dot(point.dense, vector))
+            # a hit whose point is gone by the time its vector is read was deleted by a
+            # concurrent write: it is no evidence any more (found by the live-reindex test)
+            hits = [h for h in hits if h.point_id in cosines]
+        texts = [str(h.payload.get("text", "")) for h in hits]
+        matches = scorer.match_all(query, texts)
+        found = {t for m in matches for t in m.identifiers}
+        unknown = tuple(t for t in query.unknown_identifiers if t not in found)
+        query = replace(query, unknown_identifiers=unknown)
+        reranks: list[float | None] = [None] * len(hits)
+        if with_rerank:
+            if self._rerank is None:
+                raise CalibrationMismatchError("a reranker score was asked for without one")
+            reranks = list(self._rerank(text, texts)) if texts else []
+        signals = tuple(
+            Signals(cosines[h.point_id], m, r)
+            for h, m, r in zip(hits, matches, reranks, strict=True)
+        )
+        return RawPool(query, tuple(hits), signals)
+
+    def _search(
+        self,
+        collection: str,
+        text: str,
+        vector: NDArray[np.float32],
+        store_filter: StoreFilter,
+        limit: int,
+    ) -> tuple[Sequence[ScoredHit], Sequence[ScoredHit]]:
+        c = self.config
+        if not c.hybrid:
+            return self._store.search_dense(collection, vector, store_filter, limit=limit), ()
+        result = self._store.search_hybrid(
+            collection,
+            vector,
+            self.encoder.encode_query(text),
+            store_filter,
+            limit=limit,
+            prefetch_limit=limit,
+        )
+        # a zero-weight channel supplies no candidates (its score is still computed)
+        dense = result.dense if c.dense_weight > 0 else ()
+        sparse = result.sparse if c.sparse_weight > 0 else ()
+        return dense, sparse
+
+    def _identifier_hits(
+        self, collection: str, query: LexicalQuery, store_filter: StoreFilter, limit: int
+    ) -> list[ScoredHit]:
+        if not self.config.identifier_search:
+            return []
+        out: list[ScoredHit] = []
+        for token in query.identifiers:
+            vector = self.encoder.encode_tokens([token])
+            out.extend(self._store.search_sparse(collection, vector, store_filter, limit=limit))
+        return out
+
+    @staticmethod
+    def _pool(
+        dense: Sequence[ScoredHit], sparse: Sequence[ScoredHit], extra: Sequence[ScoredHit]
+    ) -> tuple[list[FusedHit], dict[str, float]]:
+        """Union of the hits (first occurrence keeps its place) with engine scores and ranks."""
+        d_rank: dict[str, tuple[int, ScoredHit]] = {}
+        for rank, h in enumerate(dense, start=1):
+            d_rank.setdefault(h.point_id, (rank, h))
+        s_rank: dict[str, tuple[int, ScoredHit]] = {}
+        for rank, h in enumerate(sparse, start=1):
+            s_rank.setdefault(h.point_id, (rank, h))
+        order: dict[str, ScoredHit] = {}
+        for h in (*dense, *sparse, *extra):
+            order.setdefault(h.point_id, h)
+        hits: list[FusedHit] = []
+        cosines: dict[str, float] = {}
+        for pid, h in order.items():
+            dr = d_rank.get(pid)
+            sr = s_rank.get(pid)
+            if dr is not None:
+                cosines[pid] = float(dr[1].score)
+            hits.append(
+                FusedHit(
+                    point_id=pid,
+                    chunk_id=h.chunk_id,
+                    score=0.0,
+                    dense_score=float(dr[1].score) if dr else None,
+                    dense_rank=dr[0] if dr else None,
+                    sparse_score=float(sr[1].score) if sr else None,
+                    sparse_rank=sr[0] if sr else None,
+                    payload=h.payload,
+                )
+            )
+        return hits, cosines

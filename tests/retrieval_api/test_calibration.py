@@ -1,0 +1,169 @@
+"""Calibration end to end: fitted from the index's own chunks, stored with the index version,
+reproducible, used by Retrieve; and the dev stack's showcase identifier query through gRPC."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from ragstream.embedders.local_onnx import LocalOnnxEmbedder
+from ragstream.eval.dataset import EvalEntity, EvalQuery, EvalSet, QueryKind
+from ragstream.eval.metrics import Status
+from ragstream.eval.runner import DEFAULT_CONFIGS, _records, run_eval
+from ragstream.kafka_config import KafkaSettings
+from ragstream.settings import IngestSettings, StoreSettings
+from ragstream.sparse import Bm25Encoder
+from ragstream.store.edge import EdgeStore
+from ragstream.store.registry import FileIndexRegistry, ResolvedIndex
+from retrieval_api.calibration import CalibrationSettings, calibrate_version, fit_calibration
+from retrieval_api.candidates import CandidateSearch
+from retrieval_api.config import RetrievalConfig
+from retrieval_api.evidence_score import EvidenceCalibration
+from streams.app import build_worker
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TOPICS = [
+    ("refund", "Annual subscriptions are refunded pro rata within thirty days of renewal."),
+    ("travel", "Hotel stays are reimbursed up to 250 dollars per night in major cities."),
+    ("pump", "Grease the bearings of the GX-PMP-4200 every 2,000 operating hours."),
+    ("seal", "Replace the mechanical seal GX-SEAL-KIT-42 when the pump leaks at the shaft."),
+    ("oncall", "Engineers on call get a weekly stipend and a day off after a night page."),
+    ("vpn", "The staging VPN certificate expires every ninety days and is renewed by IT."),
+    ("saml", "SAML logins fail when the identity provider clock drifts by sixty seconds."),
+    ("export", "Large CSV exports run in the background and arrive by email as a zip file."),
+    ("forklift", "Only trained staff with a yellow badge may drive a forklift in the hall."),
+    ("incident", "A SEV1 incident needs a public postmortem within five business days."),
+]
+
+
+def small_set() -> EvalSet:
+    entities = [
+        EvalEntity(
+            entity_id=f"kb-{name}",
+            tenant="acme",
+            entity_type="KNOWLEDGE_ARTIFACT",
+            title=f"{name.title()} policy",
+            content=f"# {name.title()} policy\n\n{text} " * 3,
+        )
+        for name, text in TOPICS
+    ]
+    query = EvalQuery(
+        query_id="q",
+        text="refund",
+        tenant="acme",
+        kind=QueryKind.KEYWORD,
+        answerable=True,
+        relevant={"kb-refund": 3},
+    )
+    return EvalSet(name="small", version="1", entities=tuple(entities), queries=(query,))
+
+
+@pytest.fixture
+def index(
+    tmp_path: Path, embedder: LocalOnnxEmbedder
+) -> Iterator[tuple[EdgeStore, FileIndexRegistry, ResolvedIndex]]:
+    store = EdgeStore(tmp_path / "store")
+    worker = build_worker(
+        IngestSettings(
+            kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),  # never contacted
+            store=StoreSettings(data_dir=tmp_path / "store"),
+            embedding_cache=None,
+        ),
+        CollectorRegistry(),
+        store=store,
+        embedder=embedder,
+    )
+    assert not worker.handler.handle(_records(small_set()))
+    registry = FileIndexRegistry(tmp_path / "store", store)
+    try:
+        yield store, registry, registry.lookup("acme", None)
+    finally:
+        worker.close()
+        store.close()
+
+
+def test_calibration_is_fitted_from_the_index_stored_with_it_and_reproducible(
+    index: tuple[EdgeStore, FileIndexRegistry, ResolvedIndex], embedder: LocalOnnxEmbedder
+) -> None:
+    store, registry, resolved = index
+    search = CandidateSearch(
+        config=RetrievalConfig(), encoder=Bm25Encoder(), store=store, registry=registry
+    )
+    assert search.calibration(resolved).source == "prior"  # never calibrated yet
+    settings = CalibrationSettings(positives=40, negatives=40, seed=5)
+    first = fit_calibration(search, resolved, embedder, store, settings=settings)
+    again = fit_calibration(search, resolved, embedder, store, settings=settings)
+    assert first.fingerprint == again.fingerprint
+    assert first.lexicon.n_docs == len(TOPICS)
+    report = first.report
+    assert report["queries"]["total"] >= 60
+    assert {"ece", "abstention", "hard_threshold"} <= set(report["held_out"])
+    assert report["order"]["chosen"] == first.ranking.label
+    assert report["order"]["table"][0]["order"] == "rrf(dense 1, lexical 1, k 60)"
+
+    stored = calibrate_version(search, registry, resolved, embedder, store, settings=settings)
+    text = registry.load_calibration("acme", resolved.version)
+    assert text is not None and json.loads(text)["source"] == "fitted"
+    assert EvidenceCalibration.from_json(text).fingerprint == stored.fingerprint
+    assert search.calibration(resolved).fingerprint == stored.fingerprint  # cache was dropped
+
+
+def test_showcase_identifier_query_returns_a_chunk_holding_the_identifier_first() -> None:
+    # The dev stack's showcase ("what does error E-2113 mean?"): an error-code page lists many
+    # E-codes; the release notes that fixed E-2113 hold the identifier but score low on cosine.
+    codes = "\n".join(f"- E-{5000 + n}: internal error class {n}, retry later." for n in range(12))
+    entities = [
+        EvalEntity(
+            entity_id="kb-error-codes",
+            tenant="acme",
+            entity_type="KNOWLEDGE_ARTIFACT",
+            title="Error codes",
+            content=f"# Error codes\n\nWhat an error code means.\n\n{codes}",
+        ),
+        *(
+            EvalEntity(
+                entity_id=f"release-{n}",
+                tenant="acme",
+                entity_type="RELEASE_NOTE",
+                title=f"Release 2.{n}",
+                content=f"# Release 2.{n}\n\n- E-2113: fixed a bug where SAML logins failed "
+                f"when the IdP clock drifted.\n- Faster exports for workspace {n}.",
+            )
+            for n in range(3)
+        ),
+        *(
+            EvalEntity(
+                entity_id=f"kb-{name}",
+                tenant="acme",
+                entity_type="KNOWLEDGE_ARTIFACT",
+                content=text,
+            )
+            for name, text in TOPICS
+        ),
+    ]
+    queries = tuple(
+        EvalQuery(
+            query_id=qid,
+            text=text,
+            tenant="acme",
+            kind=QueryKind.EXACT_IDENTIFIER,
+            answerable=True,
+            relevant={f"release-{n}": 3 for n in range(3)},
+        )
+        for qid, text in (("phrased", "what does error E-2113 mean?"), ("bare", "E-2113"))
+    )
+    evalset = EvalSet(name="showcase", version="1", entities=tuple(entities), queries=queries)
+    configs = {n: DEFAULT_CONFIGS[n] for n in ("default", "no_identifier_rule")}
+    calibration = CalibrationSettings(positives=40, negatives=40)
+    results = run_eval(evalset, configs=configs, progress=False, calibration=calibration)
+    default = results[0].result
+    for qid in ("phrased", "bare"):
+        row = default.row(qid)
+        assert row.status is Status.SUCCESS
+        assert row.top_entities[0].startswith("release-"), row.top_entities
+        assert set(row.top_entities[:3]) == {"release-0", "release-1", "release-2"}

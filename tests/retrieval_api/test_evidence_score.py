@@ -1,0 +1,142 @@
+"""The evidence score: features, the two logistic models, the stored calibration."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+
+from ragstream.sparse import Bm25Encoder, LexicalMatch, LexicalQuery, LexiconStats
+from retrieval_api.evidence_score import (
+    CHUNK_FEATURES,
+    QUERY_FEATURES,
+    CalibrationError,
+    EvidenceCalibration,
+    EvidenceThresholds,
+    LogisticModel,
+    RankingChoice,
+    Signals,
+    feature_matrix,
+    fit_logistic,
+    pool_ranks,
+)
+from retrieval_api.prior import prior_calibration
+
+pytestmark = pytest.mark.unit
+
+QUERY = LexicalQuery(
+    tokens=("error", "e-2113", "e", "2113"),
+    idf=(1.0, 3.0, 0.5, 3.0),
+    identifiers=("e-2113",),
+    unknown_identifiers=(),
+    missing_share=0.0,
+)
+
+
+def signal(cosine: float, score: float, coverage: float, ids: tuple[str, ...] = ()) -> Signals:
+    return Signals(cosine, LexicalMatch(score, score / 7.5, coverage, ids))
+
+
+def test_features_are_absolute_relative_and_query_level() -> None:
+    signals = [signal(0.2, 15.0, 1.0, ("e-2113",)), signal(0.6, 1.0, 0.13)]
+    x = feature_matrix(QUERY, signals, (*CHUNK_FEATURES, *QUERY_FEATURES))
+    row = dict(zip((*CHUNK_FEATURES, *QUERY_FEATURES), x[0], strict=True))
+    assert row["cosine"] == 0.2 and row["cosine_gap"] == pytest.approx(-0.4)
+    assert row["dense_log_rank"] == pytest.approx(math.log(2))
+    assert row["lexical_log_rank"] == 0.0 and row["bm25_gap"] == 0.0
+    assert row["bm25_norm"] == pytest.approx(2.0) and row["coverage"] == 1.0
+    assert row["id_match"] == 1.0 and row["agree_top3"] == 1.0
+    # query-level features are the same on every row
+    assert row["max_cosine"] == 0.6 and row["id_found"] == 1.0 and row["id_query"] == 1.0
+    assert x[1][list((*CHUNK_FEATURES, *QUERY_FEATURES)).index("max_cosine")] == 0.6
+    assert pool_ranks(signals).dense == (2, 1) and pool_ranks(signals).lexical == (1, 2)
+
+
+def test_a_rerank_feature_needs_a_rerank_score() -> None:
+    with pytest.raises(CalibrationError, match="reranker"):
+        feature_matrix(QUERY, [signal(0.5, 1.0, 1.0)], ("cosine", "rerank"))
+
+
+def test_logistic_fit_is_deterministic_and_separates_classes() -> None:
+    rng = np.random.default_rng(7)
+    x = np.vstack([rng.normal(0.2, 0.1, (200, 2)), rng.normal(0.7, 0.1, (200, 2))])
+    y = np.array([0.0] * 200 + [1.0] * 200)
+    first = fit_logistic(x, y, ("cosine", "coverage"))
+    again = fit_logistic(x, y, ("cosine", "coverage"))
+    assert first == again
+    p = first.predict(np.array([[0.2, 0.2], [0.7, 0.7]]))
+    assert p[0] < 0.1 and p[1] > 0.9
+    assert all(c > 0 for c in first.coef)
+    assert LogisticModel.from_dict(first.to_dict()) == first
+
+
+def test_fit_refuses_a_single_class_or_unknown_features() -> None:
+    with pytest.raises(ValueError, match="both classes"):
+        fit_logistic(np.zeros((3, 1)), np.zeros(3), ("cosine",))
+    with pytest.raises(CalibrationError, match="unknown features"):
+        LogisticModel(("shoe_size",), (0.0,), (1.0,), (1.0,), 0.0)
+
+
+def test_evidence_is_answerability_times_the_chunk_probability() -> None:
+    calibration = prior_calibration(LexiconStats.build(["a"], Bm25Encoder()))
+    signals = [signal(0.7, 20.0, 1.0, ("e-2113",)), signal(0.1, 0.0, 0.0)]
+    answerable = calibration.answerable(QUERY, signals)
+    evidence = calibration.evidence(QUERY, signals)
+    chunk = calibration.model.predict(feature_matrix(QUERY, signals, calibration.model.features))
+    assert evidence == pytest.approx([answerable * float(c) for c in chunk])
+    assert evidence[0] > evidence[1]
+    assert all(0.0 <= e <= 1.0 for e in evidence)
+    assert calibration.evidence(QUERY, []) == [] and calibration.answerable(QUERY, []) == 0.0
+
+
+def test_calibration_round_trips_as_json_with_a_stable_fingerprint() -> None:
+    prior = prior_calibration(LexiconStats.build(["pump seal", "refund"], Bm25Encoder()))
+    fitted = EvidenceCalibration(
+        model=prior.model,
+        query_model=prior.query_model,
+        ranking=RankingChoice("fused", "dbsf", 0.7, 0.3),
+        thresholds=EvidenceThresholds(0.2, 0.6, 0.85),
+        lexicon=prior.lexicon,
+        source="fitted",
+        fitted_at=datetime(2026, 1, 2, tzinfo=UTC),
+        seed=3,
+        report={"held_out": {"ece": 0.01}},
+    )
+    text = fitted.to_json()
+    again = EvidenceCalibration.from_json(text)
+    assert again.to_json() == text
+    assert again.fingerprint == fitted.fingerprint
+    assert again.ranking.label == "dbsf(dense 0.7, lexical 0.3)"
+    later = EvidenceCalibration.from_json(text.replace("2026-01-02", "2027-05-06"))
+    assert later.fingerprint == fitted.fingerprint  # the time is not part of the identity
+
+
+def test_a_calibration_of_another_feature_set_or_garbage_is_refused() -> None:
+    prior = prior_calibration(LexiconStats.build(["a"], Bm25Encoder()))
+    doc = json.loads(prior.to_json())
+    doc["feature_set"] = 1
+    with pytest.raises(CalibrationError, match="feature set"):
+        EvidenceCalibration.from_json(json.dumps(doc))
+    with pytest.raises(CalibrationError, match="unreadable"):
+        EvidenceCalibration.from_json("{}")
+
+
+def test_thresholds_must_be_ordered_probabilities() -> None:
+    with pytest.raises(CalibrationError):
+        EvidenceThresholds(0.7, 0.5, 0.9)
+    with pytest.raises(CalibrationError):
+        EvidenceThresholds(-0.1, 0.5, 0.9)
+
+
+def test_ranking_choice_orders_by_fusion_or_evidence() -> None:
+    cosines, bm25, evidence = [0.9, 0.1], [0.0, 9.0], [0.2, 0.8]
+    assert RankingChoice("evidence").scores(cosines, bm25, evidence) == evidence
+    dense_only = RankingChoice("fused", "rrf", 1.0, 0.0).scores(cosines, bm25, evidence)
+    assert dense_only[0] > dense_only[1]
+    assert RankingChoice().label == "rrf(dense 1, lexical 1, k 60)"
+    with pytest.raises(CalibrationError):
+        RankingChoice.from_dict({"order": "fused", "method": "max", "dense_weight": 1,
+                                 "sparse_weight": 1, "k": 60})  # fmt: skip
