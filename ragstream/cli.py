@@ -7,35 +7,40 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from ragstream.errors import RagstreamError
+from ragcore.errors import RagstreamError
+
+#: Entry-point group through which other distributions add subcommands: each entry is a
+#: callable taking the subparsers action (see devtools/ragdev/cli.py).
+COMMANDS_GROUP = "ragstream.commands"
 
 
-def _print_json(doc: Any) -> None:
+def print_json(doc: Any) -> None:
     json.dump(doc, sys.stdout, indent=2, ensure_ascii=False, default=str)
     sys.stdout.write("\n")
 
 
 def _cmd_inspect_event(args: argparse.Namespace) -> int:
-    from ragstream.embedders.local_onnx import MINILM_SPEC
-    from streams.inspect import inspect_record, read_record
-    from streams.prepare import ChunkingSettings, Preparer
+    from ragcore.embedders.local_onnx import MINILM_SPEC
+    from ragcore.prepare import ChunkingSettings, Preparer
+    from ragstream.inspect import inspect_record, read_record
 
     if args.file is None and args.value is None and args.key is None:
         raise RagstreamError("give a record file, or --key/--value files")
     raw = read_record(args.file, args.key, args.value, args.topic)
     preparer = Preparer(MINILM_SPEC, ChunkingSettings(max_tokens=args.max_tokens))
-    _print_json(inspect_record(raw, preparer=preparer))
+    print_json(inspect_record(raw, preparer=preparer))
     return 0
 
 
 def _cmd_chunk_preview(args: argparse.Namespace) -> int:
-    from ragstream.embedders.local_onnx import MINILM_SPEC
-    from ragstream.tokenizers import chunk_budget, load_token_counter
+    from ragcore.embedders.local_onnx import MINILM_SPEC
+    from ragcore.tokenizers import chunk_budget, load_token_counter
+    from ragstream.chunk_preview import preview
     from schemas.entities import ContentFormat
-    from streams.chunk_preview import preview
 
     text = args.file.read_text() if args.file is not None else sys.stdin.read()
     tokenizer = args.tokenizer or MINILM_SPEC.tokenizer
@@ -54,51 +59,7 @@ def _cmd_chunk_preview(args: argparse.Namespace) -> int:
         strategy=args.strategy,
         redact_pii=args.redact_pii,
     )
-    _print_json(report)
-    return 0
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    if args.target == "store":
-        from ragstream.bench import store
-
-        sizes = tuple(int(s) for s in args.sizes.split(","))
-        _print_json(store.run(sizes=sizes, queries=args.queries))
-    elif args.target == "retrieve":
-        from ragstream.bench import retrieve
-
-        levels = tuple(int(c) for c in args.concurrency.split(","))
-        _print_json(retrieve.run(points=args.points, queries=args.queries, concurrency=levels))
-    elif args.target == "ingest":
-        from ragstream.bench import ingest
-
-        _print_json(
-            ingest.run(
-                entities=args.entities,
-                steady_seconds=args.steady_seconds,
-                steady_rate=args.steady_rate,
-                cached_entities=args.cached_entities,
-            )
-        )
-    elif args.target == "embedder":
-        from ragstream.bench import embedder
-
-        _print_json(embedder.run(n=args.n, batch_size=args.batch_size))
-    elif args.target == "cdc":
-        from ragstream.bench import cdc
-
-        _print_json(
-            cdc.run(
-                changes=args.changes,
-                rate=args.rate,
-                snapshot_rows=args.snapshot_rows,
-                poll_interval_ms=args.poll_interval_ms,
-            )
-        )
-    elif args.target == "reconcile":
-        from ragstream.bench import reconcile
-
-        return reconcile.main(["--points", str(args.points)])
+    print_json(report)
     return 0
 
 
@@ -131,95 +92,12 @@ def _cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from ragstream.eval.gate import check_gate, load_gate
-    from ragstream.eval.metrics import result_reliability
-    from ragstream.eval.report import summary_table, write_report
-    from ragstream.eval.runner import DEFAULT_CONFIGS, ConfigResult, comparison, run_eval
-    from ragstream.eval.sets import load_named
-    from retrieval_api.calibration import CalibrationSettings
-
-    evalset = load_named(args.dataset, beir_dir=args.beir_dir)
-    names = args.configs.split(",") if args.configs else list(DEFAULT_CONFIGS)
-    unknown = [n for n in names if n not in DEFAULT_CONFIGS]
-    if unknown:
-        raise RagstreamError(f"unknown configurations {unknown}; known: {list(DEFAULT_CONFIGS)}")
-    baselines = args.baselines.split(",") if args.baselines else []
-    if baselines:
-        # bm25s is a `dev` dependency: import it only when a baseline is asked for
-        from ragstream.eval.lexical import BASELINES
-
-        unknown = [n for n in baselines if n not in BASELINES]
-        if unknown:
-            raise RagstreamError(f"unknown baselines {unknown}; known: {list(BASELINES)}")
-    print(
-        f"evaluating {evalset.name}: {len(evalset.entities)} entities, "
-        f"{len(evalset.queries)} queries, configurations {names}, baselines {baselines}",
-        file=sys.stderr,
-        flush=True,
-    )
-    calibration = CalibrationSettings(
-        positives=args.calibration_queries,
-        negatives=args.calibration_queries,
-        seed=args.seed,
-        max_false_abstention=args.max_false_abstention,
-    )
-    results = run_eval(
-        evalset,
-        configs={n: DEFAULT_CONFIGS[n] for n in names},
-        top_k=args.top_k,
-        calibrate=not args.no_calibrate,
-        calibration=calibration,
-        cache_dir=args.cache_dir,
-    )
-    for name in baselines:
-        results.append(ConfigResult(name, {"baseline": name}, BASELINES[name](evalset, args.top_k)))
-    doc: dict[str, Any] = {
-        "dataset": {
-            "name": evalset.name,
-            "entities": len(evalset.entities),
-            "queries": len(evalset.queries),
-        },
-        "configs": {r.name: {"overrides": r.overrides, **r.result.to_dict()} for r in results},
-        "significance": comparison(results) if len(results) > 1 else {},
-        "reliability": {
-            r.name: [b.to_dict() for b in result_reliability(r.result)]
-            for r in results
-            if r.name not in baselines
-        },
-    }
-    aggregates = {r.name: r.result.aggregates for r in results}
-    print(summary_table(aggregates, doc["significance"]), file=sys.stderr)
-    code = 0
-    if args.gate is not None:
-        gate = check_gate(
-            results[0].result.aggregates, load_gate(args.gate), results[0].result.by_kind
-        )
-        doc["gate"] = {"file": str(args.gate), "passed": gate.passed, "summary": gate.summary()}
-        print(gate.summary(), file=sys.stderr)
-        code = 0 if gate.passed else 1
-    if args.report is not None:
-        paths = write_report(
-            args.report,
-            {r.name: dict(r.result.aggregates) for r in results},
-            {r.name: [row.to_dict() for row in r.result.rows] for r in results},
-            title=f"ragstream evaluation: {evalset.name}",
-            reliability=doc["reliability"],
-        )
-        print(f"report: {paths}", file=sys.stderr)
-    if args.json is not None:
-        args.json.write_text(json.dumps(doc, indent=2, default=str))
-    else:
-        _print_json(doc)
-    return code
-
-
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from ragstream.embedders import build_embedder
-    from ragstream.embedders.models import EmbeddingModels
-    from ragstream.rerankers import build_reranker
-    from ragstream.sparse import Bm25Encoder
-    from ragstream.wiring import build_registry, build_store, payload_schema
+    from ragcore.embedders import build_embedder
+    from ragcore.embedders.models import EmbeddingModels
+    from ragcore.rerankers import build_reranker
+    from ragcore.sparse import Bm25Encoder
+    from ragcore.wiring import build_registry, build_store, payload_schema
     from retrieval_api.calibration import CalibrationSettings, calibrate_version
     from retrieval_api.candidates import CandidateSearch
     from retrieval_api.settings import RetrieveSettings
@@ -267,7 +145,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             progress=lambda line: print(f"calibrate: {line}", file=sys.stderr, flush=True),
         )
         t = calibration.thresholds
-        _print_json(
+        print_json(
             {
                 "tenant": index.tenant,
                 "version": index.version,
@@ -287,10 +165,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _cmd_reconcile(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
-    from ragstream.errors import ConfigError
-    from ragstream.settings import IngestSettings
+    from ragcore.errors import ConfigError
     from streams.app import build_worker
     from streams.reconcile import reconcile
+    from streams.settings import IngestSettings
 
     worker = build_worker(IngestSettings(), CollectorRegistry())
     try:
@@ -311,7 +189,7 @@ def _cmd_reconcile(args: argparse.Namespace) -> int:
             after = reconcile(args.tenant, sor=sor, store=store, registry=registry)
             doc["after_repair"] = after.to_dict()
             remaining = after.drift
-        _print_json(doc)
+        print_json(doc)
     finally:
         worker.close()
     return 0 if remaining == 0 else 1
@@ -320,16 +198,16 @@ def _cmd_reconcile(args: argparse.Namespace) -> int:
 def _cmd_reindex(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
-    from ragstream.errors import ConfigError
-    from ragstream.eval.parity import ParitySettings
+    from ragcore.errors import ConfigError
+    from ragcore.prepare import Preparer
+    from ragcore.sparse import Bm25Encoder
+    from ragstream.parity import ParitySettings
     from ragstream.reindex import ReindexOptions, calibrate_with, reindex, retriever_search
-    from ragstream.settings import IngestSettings
-    from ragstream.sparse import Bm25Encoder
     from retrieval_api.metrics import RetrieveMetrics
     from retrieval_api.service import Retriever
     from retrieval_api.settings import RetrieveSettings
     from streams.app import build_worker
-    from streams.prepare import Preparer
+    from streams.settings import IngestSettings
 
     settings = IngestSettings()
     worker = build_worker(settings, CollectorRegistry())
@@ -383,16 +261,16 @@ def _cmd_reindex(args: argparse.Namespace) -> int:
             options=options,
             progress=lambda line: print(f"reindex: {line}", file=sys.stderr, flush=True),
         )
-        _print_json(report.to_dict())
+        print_json(report.to_dict())
     finally:
         worker.close()
     return {"switched": 0, "built": 0, "parity_failed": 3, "drift": 4}[report.outcome]
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
-    from ragstream.settings import IngestSettings
-    from ragstream.store.base import StoreFilter
-    from ragstream.wiring import build_registry, build_store, payload_schema
+    from ragcore.store.base import StoreFilter
+    from ragcore.wiring import build_registry, build_store, payload_schema
+    from streams.settings import IngestSettings
 
     settings = IngestSettings()
     store = build_store(settings.store, payload_schema(settings.plan))
@@ -420,7 +298,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
                     "points": points,
                 }
             )
-        _print_json({"tenant": args.tenant, "active": active, "versions": rows})
+        print_json({"tenant": args.tenant, "active": active, "versions": rows})
     finally:
         store.close()
     return 0
@@ -433,73 +311,16 @@ def _version(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from ragstream.settings import IngestSettings, settings_report
-    from retrieval_api.settings import RetrieveSettings
+    from ragcore.settings import settings_report
+    from ragstream.envtable import markdown, service_settings
 
-    services = {"ingest": IngestSettings, "retrieve": RetrieveSettings}
+    services = service_settings()
+    if args.env_table:
+        print(markdown(services))
+        return 0
     chosen = [args.service] if args.service else list(services)
-    _print_json({name: settings_report(services[name]()) for name in chosen})
+    print_json({name: settings_report(services[name]()) for name in chosen})
     return 0
-
-
-def _cmd_dev(args: argparse.Namespace) -> int:
-    from ragstream.dev import DevPorts, run_dev
-
-    ports = DevPorts(
-        kafka=args.kafka_port,
-        grpc=args.grpc_port,
-        metrics=args.metrics_port,
-        postgres=args.postgres_port,
-    )
-    return run_dev(args.data_dir, ports=ports, sample_limit=args.sample_size, sor=args.sor)
-
-
-def _cmd_sor(args: argparse.Namespace) -> int:
-    from ragstream.dev import open_sor_writer
-    from ragstream.sor.rows import key_values, row_for_put
-
-    writer = open_sor_writer(args.data_dir)
-    try:
-        mapping = writer.mapping(args.table)
-        key = key_values(mapping, args.id)
-        entity_id = mapping.entity_id(key)
-        where = f"table {mapping.table}, topic {writer.topic(args.table)}"
-        if args.action == "put":
-            if args.text is None and args.file is None:
-                raise RagstreamError("give the content with --text or --file")
-            text = args.text if args.text is not None else args.file.read_text()
-            values = dict(_assignment(a) for a in args.set)
-            row = row_for_put(
-                mapping,
-                key=args.id,
-                tenant=args.tenant,
-                text=text,
-                title=args.title,
-                entity_type=args.type,
-                content_format=args.format,
-                values=values,
-            )
-            op = writer.put(args.table, row)
-            print(f"{'created' if op.value == 'c' else 'updated'} {entity_id} ({where})")
-        elif args.action == "delete":
-            done = (
-                writer.soft_delete(args.table, key) if args.soft else writer.delete(args.table, key)
-            )
-            if not done:
-                raise RagstreamError(f"no row {args.id!r} in {mapping.table}")
-            print(f"{'soft-' if args.soft else ''}deleted {entity_id} ({where})")
-        else:
-            _print_json(writer.row(args.table, key))
-    finally:
-        writer.close()
-    return 0
-
-
-def _assignment(text: str) -> tuple[str, str]:
-    column, sep, value = text.partition("=")
-    if not sep or not column:
-        raise RagstreamError(f"--set takes column=value, got {text!r}")
-    return column, value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -531,28 +352,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--redact-pii", action="store_true", help="redact emails and phone numbers")
     p.set_defaults(func=_cmd_chunk_preview)
-
-    p = sub.add_parser("bench", help="benchmarks (JSON output)")
-    p.add_argument(
-        "target", choices=["store", "embedder", "ingest", "retrieve", "reconcile", "cdc"]
-    )
-    p.add_argument("--points", type=int, default=100_000, help="retrieve/reconcile: chunks")
-    p.add_argument("--concurrency", default="1,8", help="retrieve: client concurrency levels")
-    p.add_argument("--entities", type=int, default=300, help="ingest: cold-ingest entities")
-    p.add_argument("--cached-entities", type=int, default=5000, help="ingest: cached phase")
-    p.add_argument("--steady-seconds", type=float, default=30.0, help="ingest: freshness run")
-    p.add_argument("--steady-rate", type=float, default=10.0, help="ingest: events/s")
-    p.add_argument("--sizes", default="10000,100000", help="store: point counts")
-    p.add_argument("--queries", type=int, default=200, help="store/retrieve: queries per run")
-    p.add_argument("--n", type=int, default=300, help="embedder: passages")
-    p.add_argument("--batch-size", type=int, default=32, help="embedder: batch size")
-    p.add_argument("--changes", type=int, default=200, help="cdc: changes at a steady rate")
-    p.add_argument("--rate", type=float, default=5.0, help="cdc: changes per second")
-    p.add_argument("--snapshot-rows", type=int, default=10_000, help="cdc: rows to snapshot")
-    p.add_argument(
-        "--poll-interval-ms", type=int, default=None, help="cdc: Debezium poll.interval.ms"
-    )
-    p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("ingest", help="run the ingest worker (settings from RAGSTREAM_* env)")
     p.set_defaults(func=_cmd_ingest)
@@ -602,50 +401,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_calibrate)
 
-    p = sub.add_parser("eval", help="evaluate retrieval quality through the real Retrieve path")
-    p.add_argument(
-        "--dataset",
-        default="golden",
-        help="golden | manpages | faqs | beir:<dir> | <evalset.json>",
-    )
-    p.add_argument(
-        "--baselines",
-        default=None,
-        help="in-process lexical baselines beside the configurations: bm25s, bm25s_k1.2, "
-        "ragstream_bm25_doc (comma-separated)",
-    )
-    p.add_argument(
-        "--beir-dir", type=Path, default=None, help="faqs: keep the BEIR files written here"
-    )
-    p.add_argument("--configs", default=None, help="comma-separated configurations")
-    p.add_argument("--top-k", type=int, default=10)
-    p.add_argument("--gate", type=Path, default=None, help="fail (exit 1) below these floors")
-    p.add_argument("--report", type=Path, default=None, help="write JSON + HTML report here")
-    p.add_argument("--json", type=Path, default=None, help="write the full JSON here")
-    p.add_argument(
-        "--cache-dir", type=Path, default=None, help="keep the embedding cache here between runs"
-    )
-    p.add_argument(
-        "--no-calibrate",
-        action="store_true",
-        help="score with the prior model instead of calibrating each index first",
-    )
-    p.add_argument(
-        "--calibration-queries",
-        type=int,
-        default=150,
-        help="self-supervised positives (and as many negatives) per index",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the calibration queries")
-    p.add_argument(
-        "--max-false-abstention",
-        type=float,
-        default=0.2,
-        help="calibration: the hard threshold keeps at most this share of held-out "
-        "answerable queries from abstaining",
-    )
-    p.set_defaults(func=_cmd_eval)
-
     p = sub.add_parser(
         "reconcile", help="compare a tenant's SoR with its index; exit 1 while drift remains"
     )
@@ -693,45 +448,16 @@ def build_parser() -> argparse.ArgumentParser:
         "config", help="print the effective settings (from RAGSTREAM_* env), secrets masked"
     )
     p.add_argument("--service", choices=["ingest", "retrieve"], default=None)
+    p.add_argument(
+        "--env-table",
+        action="store_true",
+        help="print every variable with its default and meaning as the README's Markdown table",
+    )
     p.set_defaults(func=_cmd_config)
 
-    p = sub.add_parser("dev", help="run the whole system on its embedded defaults")
-    p.add_argument("--data-dir", type=Path, default=Path("data"), help="state directory")
-    p.add_argument("--sample-size", type=int, default=None, help="load only N sample docs")
-    p.add_argument("--kafka-port", type=int, default=19092)
-    p.add_argument("--grpc-port", type=int, default=50051)
-    p.add_argument("--metrics-port", type=int, default=9464)
-    p.add_argument("--postgres-port", type=int, default=15432, help="with --sor postgres")
-    p.add_argument(
-        "--sor",
-        choices=["sqlite", "postgres"],
-        default="sqlite",
-        help=(
-            "sqlite: the light embedded SoR that publishes its own change events (default); "
-            "postgres: PostgreSQL + real Debezium (Kafka Connect), production-like (needs a "
-            "JRE and the `cdc` extra)"
-        ),
-    )
-    p.set_defaults(func=_cmd_dev)
-
-    p = sub.add_parser("sor", help="change the SoR of a running `ragstream dev`")
-    p.add_argument("action", choices=["put", "delete", "get"])
-    p.add_argument("--table", default="entities", help="mapped table (default: entities)")
-    p.add_argument(
-        "--id", required=True, help="the row's key (composite keys: values joined by commas)"
-    )
-    p.add_argument("--tenant", default="acme")
-    p.add_argument("--title", default=None)
-    p.add_argument("--type", default=None, help="entity type (tables with a type column)")
-    p.add_argument("--format", choices=["text", "markdown", "html"], default=None)
-    p.add_argument("--text", default=None, help="content (the table's last content column)")
-    p.add_argument("--file", type=Path, default=None, help="content from a file")
-    p.add_argument(
-        "--set", action="append", default=[], metavar="COLUMN=VALUE", help="set any column"
-    )
-    p.add_argument("--soft", action="store_true", help="delete: set deleted_at instead")
-    p.add_argument("--data-dir", type=Path, default=Path("data"))
-    p.set_defaults(func=_cmd_sor)
+    for plugin in entry_points(group=COMMANDS_GROUP):
+        # the dev tools' subcommands (dev, sor, bench, eval) when ragstream-dev is installed
+        plugin.load()(sub)
     return parser
 
 

@@ -12,7 +12,7 @@ from typing import Literal, TextIO
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from ragstream.errors import RagstreamError
+from ragcore.errors import RagstreamError
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 

@@ -36,10 +36,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ragstream.embedders.base import Embedder
-from ragstream.eval.dataset import EvalQuery
-from ragstream.eval.metrics import QueryRun, Status
-from ragstream.eval.parity import (
+from ragcore.embedders.base import Embedder
+from ragcore.prepare import Preparer
+from ragcore.quality.dataset import EvalQuery
+from ragcore.quality.metrics import QueryRun, Status
+from ragcore.sor.base import SystemOfRecord
+from ragcore.store.base import StoreFilter, VectorStore
+from ragcore.store.registry import IndexManifest, IndexRegistry, manifest_matches
+from ragstream.parity import (
     ParityReport,
     ParitySettings,
     SearchFn,
@@ -47,16 +51,12 @@ from ragstream.eval.parity import (
     load_queries,
     parity_check,
 )
-from ragstream.sor.base import SystemOfRecord
-from ragstream.store.base import StoreFilter, VectorStore
-from ragstream.store.registry import IndexManifest, IndexRegistry, manifest_matches
 from retrieval_api.calibration import calibrate_version
 from retrieval_api.service import Retriever
 from retrieval_api.validate import validate_request
 from schemas.entities import Entity
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from streams.ingest import IngestHandler, Rejection, TargetIndex
-from streams.prepare import Preparer
 from streams.reconcile import entity_states
 
 Outcome = Literal["switched", "built", "parity_failed", "drift"]

@@ -12,21 +12,21 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from ragstream.embedders import build_embedder
-from ragstream.embedders.base import Embedder
-from ragstream.errors import ConfigError, RagstreamError
-from ragstream.publish import KafkaPublisher, Publisher
-from ragstream.rerankers import RerankerAdapter, build_reranker
-from ragstream.sor.base import SystemOfRecord
-from ragstream.sparse import Bm25Encoder
-from ragstream.store.base import VectorStore
-from ragstream.store.registry import IndexRegistry
-from ragstream.wiring import build_registry, build_sor, build_store, payload_schema
+from ragcore.embedders import build_embedder
+from ragcore.embedders.base import Embedder
+from ragcore.errors import ConfigError, RagstreamError
+from ragcore.prepare import Preparer
+from ragcore.publish import KafkaPublisher, Publisher
+from ragcore.rerankers import RerankerAdapter, build_reranker
+from ragcore.sor.base import SystemOfRecord
+from ragcore.sparse import Bm25Encoder
+from ragcore.store.base import VectorStore
+from ragcore.store.registry import IndexRegistry
+from ragcore.wiring import build_registry, build_sor, build_store, payload_schema
 from retrieval_api.metrics import RetrieveMetrics
 from retrieval_api.server import Authenticator, RetrieveServer
 from retrieval_api.service import Retriever
 from retrieval_api.settings import RetrieveSettings
-from streams.prepare import Preparer
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Audit records of seed 001 §12 as JSON-able dicts (pure; the adapter appends them to Kafka).
+"""Audit records (docs/decisions/retrieval-contract.md) as JSON-able dicts (pure; the adapter
+appends them to Kafka).
 
 - `retrieval_requests_v1`: one record per request, whatever its status.
 - `retrieval_results_v1`: one record per returned result.

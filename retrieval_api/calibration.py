@@ -2,7 +2,7 @@
 
 `fit_calibration` runs, for one index version:
 1. *Statistics*: one scan of the version's chunks counts its lexical statistics (chunks,
-   average length, document frequencies: `ragstream.sparse.LexiconStats`).
+   average length, document frequencies: `ragcore.sparse.LexiconStats`).
 2. *Queries*: positives and negatives built from those chunks (`retrieval_api.selfsupervised`).
 3. *Signals*: every query goes through the real candidate stage (`CandidateSearch.gather`:
    hybrid search, identifier search, cosines, exact BM25, the reranker when configured); every
@@ -35,12 +35,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ragstream.embedders.base import Embedder
-from ragstream.eval.metrics import expected_calibration_error
-from ragstream.eval.significance import compare
-from ragstream.sparse import LexiconStats
-from ragstream.store.base import CHUNK_ID, ENTITY_ID, StoreFilter, VectorStore
-from ragstream.store.registry import IndexRegistry, ResolvedIndex
+from ragcore.embedders.base import Embedder
+from ragcore.quality.metrics import expected_calibration_error
+from ragcore.quality.significance import compare
+from ragcore.sparse import LexiconStats
+from ragcore.store.base import CHUNK_ID, ENTITY_ID, StoreFilter, VectorStore
+from ragcore.store.registry import IndexRegistry, ResolvedIndex
 from retrieval_api.candidates import CandidateSearch, RawPool, finish
 from retrieval_api.evidence_score import (
     CHUNK_FEATURES,

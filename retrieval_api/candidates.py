@@ -1,12 +1,12 @@
 """Candidates of one query and every signal about them (the Retrieve pipeline's search stage).
 
 1. *Search*: the dense and the sparse branch of the index (one hybrid round trip), and, for
-   each identifier-like word of the query (`ragstream.sparse.is_identifier`), the chunks that
+   each identifier-like word of the query (`ragcore.sparse.is_identifier`), the chunks that
    contain it (a sparse search for that token alone), so a chunk holding the error code the
    question names is always a candidate.
 2. *Pool*: the union of those hits. Every candidate gets the cosine of query and chunk (the
    dense branch's score, else computed from the stored vector) and exact BM25 with the index's
-   own statistics (`ragstream.sparse.Bm25Scorer`), so no candidate lacks a channel.
+   own statistics (`ragcore.sparse.Bm25Scorer`), so no candidate lacks a channel.
 3. *Score* (`finish`): the evidence score of every candidate (`EvidenceCalibration.evidence`)
    and the score that orders them (a fusion of cosine and BM25 over the pool, or the evidence
    score: `RankingChoice`).
@@ -28,11 +28,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import NDArray
 
-from ragstream.errors import ManifestMismatchError
-from ragstream.fusion import FusedHit
-from ragstream.sparse import Bm25Encoder, Bm25Scorer, LexicalQuery, LexiconStats
-from ragstream.store.base import ScoredHit, StoreFilter, VectorStore
-from ragstream.store.registry import IndexRegistry, ResolvedIndex
+from ragcore.errors import ManifestMismatchError
+from ragcore.fusion import FusedHit
+from ragcore.sparse import Bm25Encoder, Bm25Scorer, LexicalQuery, LexiconStats
+from ragcore.store.base import ScoredHit, StoreFilter, VectorStore
+from ragcore.store.registry import IndexRegistry, ResolvedIndex
 from retrieval_api.config import RetrievalConfig
 from retrieval_api.evidence_score import (
     CalibrationError,

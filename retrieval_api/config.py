@@ -1,6 +1,7 @@
 """Settings of the Retrieve pipeline: request bounds, candidate over-fetch, fusion, thresholds.
 
-Everything a request may not override lives here (seed 001 §3.4); the only request-side knob is
+Everything a request may not override lives here (docs/decisions/retrieval-contract.md); the only
+request-side knob is
 `min_similarity_override` (the hard threshold on the evidence score), checked against
 `min_similarity_override_min/max`.
 """
@@ -13,8 +14,8 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ragstream.fusion import FusionMethod
-from ragstream.store.base import CHUNK_ID, ENTITY_ID, ENTITY_TYPE, EVENT_DATE, TENANT_ID
+from ragcore.fusion import FusionMethod
+from ragcore.store.base import CHUNK_ID, ENTITY_ID, ENTITY_TYPE, EVENT_DATE, TENANT_ID
 from retrieval_api.ranking import Order, ScoreKind, Thresholds
 
 #: How a keyword filter field's values are typed in the payload (and parsed from the request).

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from ragstream.store.base import (
+from ragcore.store.base import (
     ENTITY_ID,
     ENTITY_TYPE,
     EVENT_DATE,
@@ -58,7 +58,7 @@ class Verdict(StrEnum):
 
 
 class EntityState(Protocol):
-    """What the SoR says about one entity (ragstream.sor.base.SorVerdict satisfies it)."""
+    """What the SoR says about one entity (ragcore.sor.base.SorVerdict satisfies it)."""
 
     @property
     def exists(self) -> bool:

@@ -56,8 +56,8 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from ragstream.fusion import FUSION_METHODS, FusionMethod, fuse_scores
-from ragstream.sparse import LexicalMatch, LexicalQuery, LexiconStats
+from ragcore.fusion import FUSION_METHODS, FusionMethod, fuse_scores
+from ragcore.sparse import LexicalMatch, LexicalQuery, LexiconStats
 
 #: Bump when a feature's definition changes: a stored model of another version is refused.
 FEATURE_SET_VERSION = 2

@@ -1,7 +1,7 @@
 """The prior evidence model: what scores an index version that was never calibrated.
 
 Fitted once with `retrieval_api.calibration` (self-supervised, no labels from people) on the
-chunks of the golden corpus (`ragstream/eval/data/golden.json`, entities only: none of its
+chunks of the golden corpus (`devtools/ragdev/eval/data/golden.json`, entities only: none of its
 queries), and written here by `python -m retrieval_api.prior FILE` from the calibration JSON.
 Retrieve uses it with lexical statistics counted from the uncalibrated index itself until
 `ragstream calibrate` (or a reindex) fits the index's own model; the pack reports
@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ragstream.sparse import LexiconStats
+from ragcore.sparse import LexiconStats
 from retrieval_api.evidence_score import (
     EvidenceCalibration,
     EvidenceThresholds,

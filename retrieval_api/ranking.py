@@ -1,4 +1,5 @@
-"""From scored candidates to the ordered results of a request (pure; DESIGN decision 9).
+"""From scored candidates to the ordered results of a request (pure;
+docs/decisions/retrieval-contract.md).
 
 Thresholds apply to a *calibrated* score only: the evidence score (`retrieval_api.evidence_score`:
 an estimate in [0, 1] that the chunk answers the query, fitted per index), or in the legacy
@@ -28,9 +29,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
-from ragstream.errors import StoreError
-from ragstream.fusion import FusedHit
-from ragstream.store.base import (
+from ragcore.errors import StoreError
+from ragcore.fusion import FusedHit
+from ragcore.store.base import (
     ENTITY_ID,
     ENTITY_TYPE,
     TENANT_ID,
@@ -302,7 +303,7 @@ def _within(point: _C, gte: _C | None, gt: _C | None, lte: _C | None, lt: _C | N
 
 
 def _in_range(value: object, bounds: Range) -> bool:
-    # A chunk without the field never satisfies a range (seed 001 §8: NULL event_date excluded).
+    # A chunk without the field never satisfies a range (a NULL event_date is excluded).
     if bounds.is_datetime:
         moment = payload_datetime(value)
         return moment is not None and _within(moment, *datetime_bounds(bounds))
@@ -320,7 +321,7 @@ def matches_filter(payload: Mapping[str, Any], store_filter: StoreFilter) -> boo
     """True when a payload satisfies every criterion of the filter.
 
     Raises StoreError when the payload belongs to another tenant: the store's own tenant filter
-    was lost, and returning the chunk would leak data (DESIGN decision 10).
+    was lost, and returning the chunk would leak data (docs/decisions/tenancy-and-access.md).
     """
     if payload.get(TENANT_ID) != store_filter.tenant_id:
         raise StoreError(

@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ragstream.sparse import Bm25Encoder, LexiconStats, is_identifier
+from ragcore.sparse import Bm25Encoder, LexiconStats, is_identifier
 from retrieval_api.background import BACKGROUND_QUESTIONS
 from retrieval_api.synonyms import neighbours
 

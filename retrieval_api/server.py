@@ -36,15 +36,15 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from ragstream.errors import (
+from ragcore.errors import (
     EmbeddingUnavailableError,
     IndexNotFoundError,
     ManifestMismatchError,
     RagstreamError,
     StoreUnavailableError,
 )
-from ragstream.rerankers import RerankUnavailableError
-from ragstream.sor.sql import SorUnavailableError
+from ragcore.rerankers import RerankUnavailableError
+from ragcore.sor.sql import SorUnavailableError
 from retrieval_api.evidence import error_pack
 from retrieval_api.service import DeadlineExceededError, Retriever
 from retrieval_api.settings import AuthSettings, GrpcSettings

@@ -14,14 +14,14 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Protocol
 
-from ragstream.embedders.base import Embedder
-from ragstream.embedders.models import EmbeddingModels
-from ragstream.errors import IndexNotFoundError, ManifestMismatchError, RagstreamError
-from ragstream.publish import Publisher
-from ragstream.sor.base import SystemOfRecord
-from ragstream.sparse import Bm25Encoder
-from ragstream.store.base import VectorStore
-from ragstream.store.registry import IndexRegistry, ResolvedIndex
+from ragcore.embedders.base import Embedder
+from ragcore.embedders.models import EmbeddingModels
+from ragcore.errors import IndexNotFoundError, ManifestMismatchError, RagstreamError
+from ragcore.publish import Publisher
+from ragcore.sor.base import SystemOfRecord
+from ragcore.sparse import Bm25Encoder
+from ragcore.store.base import VectorStore
+from ragcore.store.registry import IndexRegistry, ResolvedIndex
 from retrieval_api.audit import fingerprint_query, request_record, result_records
 from retrieval_api.candidates import CalibrationMismatchError, CandidateSearch, finish
 from retrieval_api.config import RetrievalConfig

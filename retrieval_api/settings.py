@@ -7,17 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ragstream.embedders.local_onnx import LocalEmbedderConfig
-from ragstream.errors import ConfigError
-from ragstream.kafka_config import KafkaSettings
-from ragstream.rerankers.http import HttpRerankerConfig
-from ragstream.rerankers.onnx_cross_encoder import OnnxRerankerConfig
-from ragstream.settings import EmbedderSettings, SorSettings, StoreSettings
+from ragcore.errors import ConfigError
+from ragcore.rerankers.http import HttpRerankerConfig
+from ragcore.rerankers.onnx_cross_encoder import OnnxRerankerConfig
+from ragcore.settings import ServiceSettings
 from retrieval_api.config import RetrievalConfig
-from streams.plan import PlanConfig
-from streams.prepare import ChunkingSettings
 
 #: The reranker stage's adapter, told apart by `kind` ("http" | "onnx").
 RerankerSettings = Annotated[HttpRerankerConfig | OnnxRerankerConfig, Field(discriminator="kind")]
@@ -76,32 +71,15 @@ class AuthSettings(BaseModel):
         return out
 
 
-class RetrieveSettings(BaseSettings):
+class RetrieveSettings(ServiceSettings):
     """Everything the Retrieve server (`ragstream serve`) reads from its environment."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="RAGSTREAM_", env_nested_delimiter="__", extra="ignore", frozen=True
-    )
 
     grpc: GrpcSettings = Field(default_factory=GrpcSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
-    embedder: EmbedderSettings = Field(default_factory=LocalEmbedderConfig)
-    next_embedder: EmbedderSettings | None = Field(
-        default=None,
-        description=(
-            "During a model change: the other model, so versions built with either can be "
-            "searched (the active one and versions pinned by callers)."
-        ),
-    )
     reranker: RerankerSettings | None = Field(
         default=None, description="Used when retrieval.rerank_enabled is set (required then)."
     )
-    store: StoreSettings = Field(default_factory=StoreSettings)
-    sor: SorSettings = Field(default_factory=SorSettings)
-    plan: PlanConfig = Field(default_factory=PlanConfig)
-    chunking: ChunkingSettings = Field(default_factory=ChunkingSettings)
-    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     publish_enabled: bool = Field(
         default=True, description="Publish audit records and reindex requests to Kafka."
     )
@@ -117,5 +95,4 @@ class RetrieveSettings(BaseSettings):
         description="How often the health check verifies that every tenant's active index "
         "can be searched with a configured model (it reads every manifest).",
     )
-    metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(default=9465, ge=0, le=65535)

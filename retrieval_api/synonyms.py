@@ -23,7 +23,7 @@ import numpy as np
 import Stemmer  # type: ignore[import-not-found]
 from numpy.typing import NDArray
 
-from ragstream.sparse import ENGLISH_STOPWORDS
+from ragcore.sparse import ENGLISH_STOPWORDS
 
 TABLE_PATH = Path(__file__).resolve().parent / "synonyms.json"
 MIN_SIMILARITY = 0.55

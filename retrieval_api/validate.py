@@ -19,9 +19,9 @@ from enum import StrEnum
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from ragstream.errors import RagstreamError
-from ragstream.store.base import EVENT_DATE, PayloadValue, Range, StoreFilter
-from ragstream.store.ids import validate_tenant
+from ragcore.errors import RagstreamError
+from ragcore.store.base import EVENT_DATE, PayloadValue, Range, StoreFilter
+from ragcore.store.ids import validate_tenant
 from retrieval_api.config import RetrievalConfig
 from retrieval_api.ranking import ScoreKind, Thresholds
 from schemas.proto.ragstream.retrieval.v1.retrieval_pb2 import RetrieveRequest

@@ -20,7 +20,8 @@ class ContentFormat(StrEnum):
 class EntityVersion(BaseModel):
     """How new an entity's row is in the SoR, for ordering events of the same entity.
 
-    Ordering rule (DESIGN decision 5): compare `updated_at_us` first, then `lsn`; when both are
+    Ordering rule (docs/decisions/chunk-ids-and-versions.md): compare `updated_at_us` first, then
+    `lsn`; when both are
     equal, a snapshot row never beats a streamed row (a snapshot read may overlap events the
     stream already delivered).
     """
@@ -45,7 +46,7 @@ class EntityVersion(BaseModel):
 
 
 class Entity(BaseModel):
-    """One SoR row mapped to the retrieval domain (see `streams.mapping`)."""
+    """One SoR row mapped to the retrieval domain (see `ragcore.mapping`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -95,5 +96,5 @@ class Chunk(BaseModel):
 
     @staticmethod
     def make_id(entity_id: str, index: int) -> str:
-        """The deterministic chunk id of DESIGN decision 5."""
+        """The deterministic chunk id of docs/decisions/chunk-ids-and-versions.md."""
         return f"{entity_id}:chunk:{index}"

@@ -13,32 +13,25 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from ragstream.embedders import build_embedder
-from ragstream.embedders.base import Embedder
-from ragstream.embedders.models import EmbeddingModels
-from ragstream.errors import ConfigError, RagstreamError, SorUnavailableError
-from ragstream.settings import IngestSettings
-from ragstream.sor.base import SystemOfRecord
-from ragstream.sparse import Bm25Encoder
-from ragstream.store.base import VectorStore
-from ragstream.store.registry import IndexRegistry
-from ragstream.wiring import (
-    RegistryTargets,
-    SorRows,
-    build_ingest_embedder,
-    build_registry,
-    build_sor,
-    build_store,
-    payload_schema,
-)
+from ragcore.embedders import build_embedder
+from ragcore.embedders.base import Embedder
+from ragcore.embedders.models import EmbeddingModels
+from ragcore.errors import ConfigError, RagstreamError, SorUnavailableError
+from ragcore.plan import Plan, plan_event
+from ragcore.prepare import Preparer
+from ragcore.sor.base import SystemOfRecord
+from ragcore.sparse import Bm25Encoder
+from ragcore.store.base import VectorStore
+from ragcore.store.registry import IndexRegistry
+from ragcore.wiring import build_registry, build_sor, build_store, payload_schema
 from schemas.events import ChangeEvent, RawRecord
 from streams.consumer import ConsumerLoop, install_signal_handlers
 from streams.decode import DecodeOptions, decode_record
 from streams.ingest import IngestHandler
 from streams.metrics import IngestMetrics
-from streams.plan import Plan, plan_event
-from streams.prepare import Preparer
 from streams.reconcile import ReconcileMetrics, ReconcileReport, reconcile
+from streams.settings import IngestSettings
+from streams.wiring import RegistryTargets, SorRows, build_ingest_embedder
 
 log = logging.getLogger(__name__)
 

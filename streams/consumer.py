@@ -1,6 +1,6 @@
 """The core consumer loop: poll a batch, hand it to the handler, DLQ the poison, commit.
 
-Invariants (DESIGN decision 1):
+Invariants (docs/decisions/kafka-client-and-consumer-loop.md):
 - offsets are committed only after the handler returned, i.e. after every write of the batch
   was acknowledged by the store, and after every DLQ record of the batch was delivered;
 - per-partition order is Kafka's: one batch at a time, handled in offset order;
@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from pydantic import BaseModel, ConfigDict, Field
 
-from ragstream.errors import (
+from ragcore.errors import (
     ConfigError,
     DeadLetterUnavailableError,
     EmbeddingUnavailableError,
@@ -35,7 +35,7 @@ from ragstream.errors import (
     SorUnavailableError,
     StoreUnavailableError,
 )
-from ragstream.kafka_config import KafkaSettings
+from ragcore.kafka_config import KafkaSettings
 from schemas.events import RawRecord
 from streams.metrics import IngestMetrics
 

@@ -1,7 +1,8 @@
 """The batch handler of the ingest worker: decode -> plan -> reduce -> normalize/chunk -> embed
 -> write (wait) -> delete obsolete chunks. The consumer loop commits only after this returns.
 
-Write order per entity (DESIGN decision 5): the new chunks are upserted first (wait), then the
+Write order per entity (docs/decisions/chunk-ids-and-versions.md): the new chunks are upserted
+first (wait), then the
 entity's chunks that are no longer part of it are deleted by id. A crash in between leaves extra
 chunks that the next delivery removes; never a gap. Re-delivery rewrites the same point ids
 (uuid5 of tenant, chunk id, index version), so replaying a batch is harmless.
@@ -18,8 +19,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from ragstream.embedders.base import Embedder, Vectors
-from ragstream.errors import (
+from ragcore.embedders.base import Embedder, Vectors
+from ragcore.errors import (
     ChunkingError,
     ConfigError,
     DecodeError,
@@ -28,7 +29,9 @@ from ragstream.errors import (
     RecordTooLargeError,
     SorTableError,
 )
-from ragstream.store.base import (
+from ragcore.mapping import table_of_entity
+from ragcore.plan import Action, Plan
+from ragcore.store.base import (
     CHUNK_ID,
     ENTITY_ID,
     ENTITY_TYPE,
@@ -42,17 +45,16 @@ from ragstream.store.base import (
     StoreFilter,
     VectorStore,
 )
-from ragstream.store.ids import point_id, validate_tenant
+from ragcore.store.ids import point_id, validate_tenant
 from schemas.entities import Chunk, Entity, EntityVersion
 from schemas.events import ChangeEvent, RawRecord, RecordPosition
 from streams.consumer import DeadLetter
-from streams.mapping import table_of_entity
 from streams.metrics import IngestMetrics
-from streams.plan import Action, Plan
 
 log = logging.getLogger(__name__)
 
-# Payload fields of the source version: how new the indexed row is (DESIGN decision 5).
+# Payload fields of the source version: how new the indexed row is
+# (docs/decisions/chunk-ids-and-versions.md).
 VERSION_UPDATED_AT = "source_updated_at_us"
 VERSION_LSN = "source_lsn"
 VERSION_SNAPSHOT = "source_snapshot"
@@ -83,7 +85,7 @@ class IndexTargets(Protocol):
 
 
 class EntityPreparer(Protocol):
-    """Normalization and chunking of one entity (`streams.prepare`)."""
+    """Normalization and chunking of one entity (`ragcore.prepare`)."""
 
     def chunks(self, entity: Entity) -> list[Chunk]:
         """The entity's chunks, each within the embedder's token budget."""
@@ -91,7 +93,7 @@ class EntityPreparer(Protocol):
 
 
 class SparseEncoder(Protocol):
-    """BM25-style document sparse vectors (`ragstream.sparse`)."""
+    """BM25-style document sparse vectors (`ragcore.sparse`)."""
 
     def encode_document(self, text: str) -> SparseVector:
         """Sparse vector of a chunk's text."""

@@ -19,12 +19,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from ragstream.errors import SorTableError
-from ragstream.sor.base import SystemOfRecord, tables_of
-from ragstream.store.base import CHUNK_ID, ENTITY_ID, SOURCE_HASH, StoreFilter, VectorStore
-from ragstream.store.registry import IndexRegistry
+from ragcore.errors import SorTableError
+from ragcore.mapping import table_of_entity
+from ragcore.sor.base import SystemOfRecord, tables_of
+from ragcore.store.base import CHUNK_ID, ENTITY_ID, SOURCE_HASH, StoreFilter, VectorStore
+from ragcore.store.registry import IndexRegistry
 from streams.ingest import CHUNK_COUNT, IngestHandler
-from streams.mapping import table_of_entity
 
 #: Drift that repair fixes (re-read from the SoR).
 DRIFT_KINDS = ("missing", "extra", "stale")

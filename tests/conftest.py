@@ -7,14 +7,15 @@ by skipping the broker, Postgres or storage-engine suites.
 
 from __future__ import annotations
 
+import ast
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ragstream.services.postgres import PostgresCluster
-from ragstream.services.tansu import TansuBroker
+from ragdev.services.postgres import PostgresCluster
+from ragdev.services.tansu import TansuBroker
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,6 +53,52 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"skipped under CI (only `external` tests may skip): {reason}"
+
+
+#: Every test has exactly one of these markers (see pyproject `markers`).
+TEST_KINDS = frozenset({"unit", "integration", "external"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse to run a test with none or several of the kinds unit/integration/external."""
+    wrong = []
+    for item in items:
+        kinds = sorted({mark.name for mark in item.iter_markers()} & TEST_KINDS)
+        if len(kinds) != 1:
+            wrong.append(f"{item.nodeid}: {', '.join(kinds) or 'no kind'}")
+    if wrong:
+        listed = "\n  ".join(wrong)
+        raise pytest.UsageError(
+            f"every test needs exactly one of the markers {sorted(TEST_KINDS)}:\n  {listed}"
+        )
+
+
+def _marked_external(path: Path | None) -> bool:
+    """Whether a test module's `pytestmark` names `external`, read from its source (importing
+    the module again would raise its skip again)."""
+    if path is None or path.suffix != ".py":
+        return False
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets
+        ):
+            return "external" in ast.unparse(node.value)
+    return False
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    """Under CI, a module skipped at collection (`pytest.skip(allow_module_level=True)`,
+    `pytest.importorskip` at the top) fails like a skipped test, unless it is `external`."""
+    outcome = yield
+    report: pytest.CollectReport = outcome.get_result()  # type: ignore[attr-defined]
+    if not (_in_ci() and report.skipped):
+        return
+    if _marked_external(getattr(collector, "path", None)):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+    report.outcome = "failed"
+    report.longrepr = f"skipped at collection under CI (only `external` may skip): {reason}"
 
 
 @pytest.fixture(scope="session")

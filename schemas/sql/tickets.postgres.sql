@@ -1,6 +1,6 @@
 -- Support tickets: a second SoR table of the sample corpus, shaped unlike `entities` (its content
 -- is two columns, its type is constant, status and priority are plain columns copied into the
--- metadata, no content-hash column). Mapped by ragstream.sample.SAMPLE_TABLES.
+-- metadata, no content-hash column). Mapped by ragdev.sample.SAMPLE_TABLES.
 CREATE TABLE IF NOT EXISTS tickets (
     id            TEXT PRIMARY KEY,
     company_id    TEXT NOT NULL,

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
-from ragstream.errors import (
+from ragcore.errors import (
     ConfigError,
     DecodeError,
     RecordTooLargeError,
@@ -242,7 +242,7 @@ def _is_transaction_marker(payload: Mapping[str, Any]) -> bool:
 def decode_record(raw: RawRecord, options: DecodeOptions | None = None) -> ChangeEvent:
     """Decode one Kafka record from a Debezium topic.
 
-    Raises `ragstream.errors.DecodeError` (or a subclass: `LogicalTypeError`,
+    Raises `ragcore.errors.DecodeError` (or a subclass: `LogicalTypeError`,
     `UnsupportedOperationError`, `RecordTooLargeDecodeError`) for anything it cannot read; see
     the module docstring for what is accepted and refused.
     """

@@ -56,7 +56,7 @@ from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Any, Final
 
-from ragstream.errors import ConfigError, DecodeError, LogicalTypeError
+from ragcore.errors import ConfigError, DecodeError, LogicalTypeError
 
 __all__ = [
     "DATE_NEGATIVE_INFINITY",

@@ -51,7 +51,7 @@ EXTERNAL_METRICS: dict[str, str] = {
 #: RAGSTREAM_* variables that are read directly, not through a settings class.
 NON_SETTINGS_ENV = frozenset(
     {
-        "RAGSTREAM_CACHE_DIR",  # ragstream.tokenizers.default_cache_dir (tokenizer files)
+        "RAGSTREAM_CACHE_DIR",  # ragcore.tokenizers.default_cache_dir (tokenizer files)
     }
 )
 
@@ -95,7 +95,7 @@ def load_yaml_documents(text: str) -> list[dict[str, Any]]:
 
 def code_metric_families() -> dict[str, str]:
     """name -> type of every metric family the services register (from the code)."""
-    from ragstream.embedders.cache import EmbeddingCacheMetrics
+    from ragcore.embedders.cache import EmbeddingCacheMetrics
     from retrieval_api.metrics import RetrieveMetrics
     from retrieval_api.server import GrpcMetrics
     from streams.metrics import IngestMetrics
@@ -186,8 +186,8 @@ def settings_env_names(settings: type[BaseSettings], prefix: str = "RAGSTREAM_")
 
 def all_settings_env_names() -> set[str]:
     """RAGSTREAM_* names of the ingest worker and the Retrieve server, plus the direct ones."""
-    from ragstream.settings import IngestSettings
     from retrieval_api.settings import RetrieveSettings
+    from streams.settings import IngestSettings
 
     return (
         settings_env_names(IngestSettings) | settings_env_names(RetrieveSettings) | NON_SETTINGS_ENV

@@ -197,7 +197,7 @@ def _settings_from(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None
 def test_ingest_environment_parses_into_ingest_settings(
     services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ragstream.settings import IngestSettings
+    from streams.settings import IngestSettings
 
     env = env_of(services[INGEST])
     _settings_from(monkeypatch, env)
@@ -417,8 +417,8 @@ def test_connector_emits_schemaless_json_for_key_and_value(connector: dict[str, 
 def test_connector_table_and_topic_match_what_the_worker_consumes(
     services: dict[str, dict[str, Any]], connector: dict[str, str]
 ) -> None:
-    from ragstream.settings import DecodeSettings
-    from streams.plan import PlanConfig
+    from ragcore.plan import PlanConfig
+    from streams.settings import DecodeSettings
 
     plan = PlanConfig()  # compose maps the default table
     assert [m.table for m in plan.tables] == connector["table.include.list"].split(",")

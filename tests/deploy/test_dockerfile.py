@@ -103,13 +103,14 @@ def test_build_context_holds_everything_the_dockerfile_copies() -> None:
     for keyword, args in instructions():
         if keyword == "COPY" and "--from=" not in args:
             sources.extend(args.split()[:-1])
-    assert {"pyproject.toml", "README.md", "streams", "retrieval_api", "ragstream"} <= set(sources)
+    layers = {"schemas", "ragcore", "streams", "retrieval_api", "ragstream"}
+    assert {"pyproject.toml", "README.md", *layers} <= set(sources)
     for source in sources:
         assert (REPO_ROOT / source).exists(), source
         assert not _dockerignore_excludes(source, patterns), source
         if (REPO_ROOT / source).is_dir():
             assert not _dockerignore_excludes(f"{source}/__init__.py", patterns), source
-    for noise in (".venv", ".tools", "tests", ".git", "ragstream/__pycache__", "data"):
+    for noise in (".venv", ".tools", "tests", ".git", "ragstream/__pycache__", "data", "devtools"):
         assert _dockerignore_excludes(noise, patterns), noise
 
 

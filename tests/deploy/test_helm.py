@@ -328,8 +328,8 @@ def test_every_variable_the_pods_get_is_a_settings_field(helm: Path, chart: Path
 def test_pod_environment_parses_into_the_settings_classes(
     helm: Path, chart: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ragstream.settings import IngestSettings
     from retrieval_api.settings import RetrieveSettings
+    from streams.settings import IngestSettings
 
     manifests = render(helm, chart, *OPENAI)
     for component, settings_class in (("ingest", IngestSettings), ("retrieve", RetrieveSettings)):

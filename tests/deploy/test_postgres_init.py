@@ -11,7 +11,7 @@ import uuid
 import psycopg
 import pytest
 
-from ragstream.services.postgres import PostgresCluster
+from ragdev.services.postgres import PostgresCluster
 from tests.deploy.support import CONNECTOR_FILE, REPO_ROOT
 
 pytestmark = pytest.mark.integration

@@ -30,15 +30,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from ragstream.errors import RagstreamError
-from ragstream.services.debezium import DebeziumConnect, PostgresSource
-from ragstream.services.postgres import PostgresCluster
-from ragstream.services.tansu import TansuBroker
+from ragcore.errors import RagstreamError
+from ragcore.mapping import TableMapping, to_datetime
+from ragcore.plan import Action, PlanConfig, plan_event
+from ragdev.services.debezium import DebeziumConnect, PostgresSource
+from ragdev.services.postgres import PostgresCluster
+from ragdev.services.tansu import TansuBroker
 from schemas.entities import ContentFormat
 from schemas.events import RawRecord, RecordKind
 from streams.decode import decode_record
-from streams.mapping import TableMapping, to_datetime
-from streams.plan import Action, PlanConfig, plan_event
 from tests.e2e.test_real_cdc import wait_for_topics
 from tests.streams.support import read_all
 

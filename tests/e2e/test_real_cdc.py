@@ -1,7 +1,7 @@
 """Real CDC end to end: SQL statements against PostgreSQL are the only input.
 
 PostgreSQL 15 (logical decoding) -> real Debezium 3.6.3 (Kafka Connect standalone, the shipped
-connector configuration; `ragstream.services.debezium`) -> the tansu broker -> the ingest worker
+connector configuration; `ragdev.services.debezium`) -> the tansu broker -> the ingest worker
 (consumer group, qdrant-edge) -> gRPC Retrieve verifying every hit against the same PostgreSQL.
 Assertions are on the index and on Retrieve; after each scenario the index equals the SoR:
 `reconcile` (report only, never a repair) finds zero drift in every tenant.
@@ -43,20 +43,23 @@ from prometheus_client import CollectorRegistry
 from psycopg.rows import dict_row
 from pydantic import SecretStr
 
-from ragstream.embedders.spec import EmbeddingSpec
-from ragstream.eval.parity import ParitySettings
-from ragstream.kafka_config import KafkaSettings
+from ragcore.embedders.spec import EmbeddingSpec
+from ragcore.kafka_config import KafkaSettings
+from ragcore.mapping import TableMapping
+from ragcore.plan import PlanConfig
+from ragcore.prepare import Preparer
+from ragcore.settings import SorSettings, StoreSettings
+from ragcore.sor.base import SystemOfRecord
+from ragcore.sor.sql import PostgresSor
+from ragcore.sparse import Bm25Encoder
+from ragcore.store.base import StoreFilter
+from ragcore.store.edge import EdgeStore
+from ragcore.store.registry import FileIndexRegistry
+from ragdev.services.debezium import DebeziumConnect, PostgresSource
+from ragdev.services.postgres import PostgresCluster
+from ragdev.services.tansu import TansuBroker
+from ragstream.parity import ParitySettings
 from ragstream.reindex import ReindexOptions, reindex, retriever_search
-from ragstream.services.debezium import DebeziumConnect, PostgresSource
-from ragstream.services.postgres import PostgresCluster
-from ragstream.services.tansu import TansuBroker
-from ragstream.settings import IngestSettings, SorSettings, StoreSettings
-from ragstream.sor.base import SystemOfRecord
-from ragstream.sor.sql import PostgresSor
-from ragstream.sparse import Bm25Encoder
-from ragstream.store.base import StoreFilter
-from ragstream.store.edge import EdgeStore
-from ragstream.store.registry import FileIndexRegistry
 from retrieval_api.app import RetrieveApp, build_app
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.entities import ContentFormat
@@ -64,10 +67,8 @@ from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from streams.app import IngestWorker, build_worker
 from streams.consumer import ConsumerConfig
-from streams.mapping import TableMapping
-from streams.plan import PlanConfig
-from streams.prepare import Preparer
 from streams.reconcile import ReconcileReport, reconcile
+from streams.settings import IngestSettings
 from tests.conftest import REPO_ROOT
 from tests.retrieval_api.stack import RecordingPublisher
 from tests.streams.support import (
@@ -695,7 +696,7 @@ def _worker_env(cdc: Cdc, stub: EmbeddingStubServer, tmp: Path, group: str) -> d
     }
 
 
-# --- seed 000's five validation tests, on real CDC ----------------------------------------
+# --- the pipeline's five validation tests, on real CDC -----------------------------------
 
 
 def test_seed_idempotency_same_content_again_leaves_exactly_its_chunks(cdc: Cdc) -> None:

@@ -1,4 +1,4 @@
-"""Blue-green reindex (issue 8, seed 000 §4 and test 5) on real parts: a throwaway PostgreSQL
+"""Blue-green reindex (issue 8) on real parts: a throwaway PostgreSQL
 SoR, the tansu broker carrying Debezium-shaped change events, the ingest worker's consumer
 loop, qdrant-edge and the Retrieve pipeline (in process, sharing the store as `ragstream dev`
 does: qdrant-edge allows one opener per shard).
@@ -30,11 +30,24 @@ from prometheus_client import CollectorRegistry
 from psycopg.rows import dict_row
 from pydantic import SecretStr
 
-from ragstream.embedders.base import Vectors, l2_normalize
-from ragstream.embedders.spec import EmbeddingSpec
-from ragstream.errors import IndexNotFoundError
-from ragstream.eval.parity import ParitySettings
-from ragstream.kafka_config import KafkaSettings
+from ragcore.embedders.base import Vectors, l2_normalize
+from ragcore.embedders.spec import EmbeddingSpec
+from ragcore.errors import IndexNotFoundError
+from ragcore.kafka_config import KafkaSettings
+from ragcore.plan import PlanConfig
+from ragcore.prepare import Preparer
+from ragcore.settings import SorSettings, StoreSettings
+from ragcore.sor.base import SystemOfRecord
+from ragcore.sparse import Bm25Encoder
+from ragcore.store.base import StoreFilter
+from ragcore.store.edge import EdgeStore
+from ragcore.store.qdrant_remote import QdrantRemoteStore
+from ragcore.store.registry import QdrantIndexRegistry
+from ragcore.wiring import payload_schema
+from ragdev.services.postgres import PostgresCluster
+from ragdev.services.tansu import TansuBroker
+from ragdev.sor.debezium_format import change_event, encode_key, encode_value
+from ragstream.parity import ParitySettings
 from ragstream.reindex import (
     CalibrateFn,
     ReindexOptions,
@@ -43,17 +56,6 @@ from ragstream.reindex import (
     reindex,
     retriever_search,
 )
-from ragstream.services.postgres import PostgresCluster
-from ragstream.services.tansu import TansuBroker
-from ragstream.settings import IngestSettings, SorSettings, StoreSettings
-from ragstream.sor.base import SystemOfRecord
-from ragstream.sor.debezium_format import change_event, encode_key, encode_value
-from ragstream.sparse import Bm25Encoder
-from ragstream.store.base import StoreFilter
-from ragstream.store.edge import EdgeStore
-from ragstream.store.qdrant_remote import QdrantRemoteStore
-from ragstream.store.registry import QdrantIndexRegistry
-from ragstream.wiring import payload_schema
 from retrieval_api.config import RetrievalConfig
 from retrieval_api.metrics import RetrieveMetrics
 from retrieval_api.service import Retriever
@@ -63,8 +65,7 @@ from schemas.events import Op
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from streams.app import IngestWorker, build_worker
 from streams.consumer import ConsumerConfig
-from streams.plan import PlanConfig
-from streams.prepare import Preparer
+from streams.settings import IngestSettings
 from tests.conftest import REPO_ROOT
 from tests.streams.support import (
     HASH_SPEC,

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ragstream.reindex import ReindexReport
 from streams.ingest import Rejection
+
+pytestmark = pytest.mark.unit
 
 
 def test_the_report_serializes_its_rejections_and_counts_them() -> None:

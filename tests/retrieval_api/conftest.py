@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ragstream.embedders.local_onnx import LocalEmbedderConfig, LocalOnnxEmbedder
-from ragstream.services.postgres import PostgresCluster
+from ragcore.embedders.local_onnx import LocalEmbedderConfig, LocalOnnxEmbedder
+from ragdev.services.postgres import PostgresCluster
 from tests.retrieval_api.stack import Stack
 
 

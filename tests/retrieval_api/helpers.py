@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ragstream.fusion import FusedHit
+from ragcore.fusion import FusedHit
 from retrieval_api.config import RetrievalConfig
 from retrieval_api.ranking import Candidate
 from retrieval_api.validate import ValidatedRequest, validate_request

@@ -25,18 +25,19 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import SecretStr
 
-from ragstream.embedders.base import Embedder
-from ragstream.kafka_config import KafkaSettings
-from ragstream.settings import IngestSettings, SorSettings, StoreSettings
-from ragstream.sor.debezium_format import change_event, encode_key, encode_value, topic_for
-from ragstream.store.edge import EdgeStore
+from ragcore.embedders.base import Embedder
+from ragcore.kafka_config import KafkaSettings
+from ragcore.prepare import Preparer
+from ragcore.settings import SorSettings, StoreSettings
+from ragcore.store.edge import EdgeStore
+from ragdev.sor.debezium_format import change_event, encode_key, encode_value, topic_for
 from retrieval_api.app import RetrieveApp, build_app
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.events import Op, RawRecord
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from streams.app import IngestWorker, build_worker
-from streams.prepare import Preparer
+from streams.settings import IngestSettings
 from tests.streams.support import entities_plan
 
 SQL = Path(__file__).resolve().parents[2] / "schemas" / "sql" / "entities.postgres.sql"

@@ -1,4 +1,5 @@
-"""Audit records: seed 001 §12 columns, JSON-able, and never the raw query text."""
+"""Audit records: the columns of docs/decisions/retrieval-contract.md, JSON-able, and never the raw
+query text."""
 
 from __future__ import annotations
 

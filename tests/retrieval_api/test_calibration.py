@@ -10,20 +10,21 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ragstream.embedders.local_onnx import LocalOnnxEmbedder
-from ragstream.eval.dataset import EvalEntity, EvalQuery, EvalSet, QueryKind
-from ragstream.eval.metrics import Status
-from ragstream.eval.runner import DEFAULT_CONFIGS, _records, run_eval
-from ragstream.kafka_config import KafkaSettings
-from ragstream.settings import IngestSettings, StoreSettings
-from ragstream.sparse import Bm25Encoder
-from ragstream.store.edge import EdgeStore
-from ragstream.store.registry import FileIndexRegistry, ResolvedIndex
+from ragcore.embedders.local_onnx import LocalOnnxEmbedder
+from ragcore.kafka_config import KafkaSettings
+from ragcore.quality.dataset import EvalEntity, EvalQuery, EvalSet, QueryKind
+from ragcore.quality.metrics import Status
+from ragcore.settings import StoreSettings
+from ragcore.sparse import Bm25Encoder
+from ragcore.store.edge import EdgeStore
+from ragcore.store.registry import FileIndexRegistry, ResolvedIndex
+from ragdev.eval.runner import DEFAULT_CONFIGS, _records, run_eval
 from retrieval_api.calibration import CalibrationSettings, calibrate_version, fit_calibration
 from retrieval_api.candidates import CandidateSearch
 from retrieval_api.config import RetrievalConfig
 from retrieval_api.evidence_score import EvidenceCalibration
 from streams.app import build_worker
+from streams.settings import IngestSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
-from ragstream.sparse import Bm25Encoder, LexicalMatch, LexicalQuery, LexiconStats
+from ragcore.sparse import Bm25Encoder, LexicalMatch, LexicalQuery, LexiconStats
 from retrieval_api.evidence_score import (
     CHUNK_FEATURES,
     QUERY_FEATURES,

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ragstream.resources import package_dir
+from ragcore.resources import package_dir
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from tests.retrieval_api.stack import TOKENS, Stack, bearer
 

@@ -18,11 +18,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from ragstream.embedders.spec import EmbeddingSpec
-from ragstream.settings import SorSettings, StoreSettings
-from ragstream.sparse import Bm25Encoder
-from ragstream.store.edge import EdgeStore
-from ragstream.store.registry import FileIndexRegistry
+from ragcore.embedders.spec import EmbeddingSpec
+from ragcore.settings import SorSettings, StoreSettings
+from ragcore.sparse import Bm25Encoder
+from ragcore.store.edge import EdgeStore
+from ragcore.store.registry import FileIndexRegistry
 from retrieval_api.app import build_app
 from retrieval_api.settings import GrpcSettings, RetrieveSettings
 from tests.conftest import REPO_ROOT

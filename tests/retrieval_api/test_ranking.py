@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from ragstream.errors import StoreError
-from ragstream.fusion import fuse
-from ragstream.store.base import EVENT_DATE, Range, ScoredHit, StoreFilter
+from ragcore.errors import StoreError
+from ragcore.fusion import fuse
+from ragcore.store.base import EVENT_DATE, Range, ScoredHit, StoreFilter
 from retrieval_api.ranking import (
     Candidate,
     Confidence,

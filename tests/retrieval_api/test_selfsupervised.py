@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from ragstream.sparse import Bm25Encoder, LexiconStats, is_identifier
+from ragcore.sparse import Bm25Encoder, LexiconStats, is_identifier
 from retrieval_api.selfsupervised import (
     CalibrationQuery,
     IndexedChunk,

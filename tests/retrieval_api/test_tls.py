@@ -19,9 +19,9 @@ from cryptography.x509.oid import NameOID
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
-from ragstream.embedders.local_onnx import LocalOnnxEmbedder
-from ragstream.services.postgres import PostgresCluster
-from ragstream.settings import SorSettings, StoreSettings
+from ragcore.embedders.local_onnx import LocalOnnxEmbedder
+from ragcore.settings import SorSettings, StoreSettings
+from ragdev.services.postgres import PostgresCluster
 from retrieval_api.app import build_app
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb

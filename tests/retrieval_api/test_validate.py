@@ -11,8 +11,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ragstream.errors import InvalidTenantError
-from ragstream.store.base import EVENT_DATE, Range
+from ragcore.errors import InvalidTenantError
+from ragcore.store.base import EVENT_DATE, Range
 from retrieval_api.config import RetrievalConfig
 from retrieval_api.ranking import ScoreKind
 from retrieval_api.validate import (
@@ -396,11 +396,12 @@ def test_fuzzed_requests_only_raise_validation_or_permission_errors(
         v = validate_request(req, CONFIG, TENANT)
     except RequestValidationError as err:
         assert err.code in set(ValidationCode) and str(err).startswith(f"{err.field}: ")
-        return
     except PermissionDeniedError:
         assert req.HasField("tenant") and req.tenant != TENANT
-        return
-    # Whatever passes is normalized, bounded and scoped to the caller.
-    assert v.store_filter.tenant_id == TENANT
-    assert 1 <= v.top_k <= CONFIG.max_top_k and v.top_k <= v.candidate_k <= CONFIG.max_candidate_k
-    assert 0 < len(v.query) <= CONFIG.max_query_chars and v.query == v.query.strip()
+    else:
+        # Whatever passes is normalized, bounded and scoped to the caller.
+        assert v.store_filter.tenant_id == TENANT
+        assert (
+            1 <= v.top_k <= CONFIG.max_top_k and v.top_k <= v.candidate_k <= CONFIG.max_candidate_k
+        )
+        assert 0 < len(v.query) <= CONFIG.max_query_chars and v.query == v.query.strip()

@@ -26,15 +26,15 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from ragstream.embedders.base import Vectors, l2_normalize
-from ragstream.embedders.spec import EmbeddingSpec
-from ragstream.sor.debezium_format import change_event, encode_key, encode_value
-from ragstream.store.base import StoreFilter, VectorStore
-from ragstream.store.registry import IndexRegistry
+from ragcore.embedders.base import Vectors, l2_normalize
+from ragcore.embedders.spec import EmbeddingSpec
+from ragcore.mapping import TableMapping
+from ragcore.plan import PlanConfig
+from ragcore.prepare import Preparer
+from ragcore.store.base import StoreFilter, VectorStore
+from ragcore.store.registry import IndexRegistry
+from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.events import Op
-from streams.mapping import TableMapping
-from streams.plan import PlanConfig
-from streams.prepare import Preparer
 
 DIM = 64
 HASH_SPEC = EmbeddingSpec(

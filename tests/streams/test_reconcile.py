@@ -17,15 +17,16 @@ from prometheus_client import CollectorRegistry
 from psycopg.rows import dict_row
 from pydantic import SecretStr
 
-from ragstream.kafka_config import KafkaSettings
-from ragstream.services.postgres import PostgresCluster
-from ragstream.settings import IngestSettings, SorSettings, StoreSettings
-from ragstream.sor.debezium_format import change_event, encode_key, encode_value
-from ragstream.store.base import StoreFilter
-from ragstream.store.edge import EdgeStore
+from ragcore.kafka_config import KafkaSettings
+from ragcore.settings import SorSettings, StoreSettings
+from ragcore.store.base import StoreFilter
+from ragcore.store.edge import EdgeStore
+from ragdev.services.postgres import PostgresCluster
+from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.events import Op, RawRecord
 from streams.app import IngestWorker, build_worker
 from streams.reconcile import ReconcileMetrics, reconcile
+from streams.settings import IngestSettings
 from tests.streams.support import HashEmbedder, content, eid, entities_plan, index_snapshot
 
 pytestmark = pytest.mark.integration

@@ -22,13 +22,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
-from ragstream.services.postgres import PostgresCluster
-from ragstream.services.tansu import TansuBroker
-from ragstream.settings import ReconcileSettings, SorSettings
-from ragstream.store.edge import EdgeStore
+from ragcore.settings import SorSettings
+from ragcore.store.edge import EdgeStore
+from ragdev.services.postgres import PostgresCluster
+from ragdev.services.tansu import TansuBroker
 from schemas.events import TOAST_PLACEHOLDER, Op
 from streams.app import build_worker
 from streams.reconcile import reconcile
+from streams.settings import ReconcileSettings
 from tests.conftest import REPO_ROOT
 from tests.streams.support import (
     HashEmbedder,

@@ -20,18 +20,19 @@ import pytest
 from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
-from ragstream.errors import StoreUnavailableError
-from ragstream.kafka_config import KafkaSettings
-from ragstream.services.tansu import TansuBroker, free_port
-from ragstream.settings import IngestSettings, StoreSettings
-from ragstream.sor.debezium_format import change_event, encode_key, encode_value
-from ragstream.store.base import PointRecord, StoreFilter, VectorStore
-from ragstream.store.edge import EdgeStore
+from ragcore.errors import StoreUnavailableError
+from ragcore.kafka_config import KafkaSettings
+from ragcore.mapping import epoch_us
+from ragcore.prepare import Preparer
+from ragcore.settings import StoreSettings
+from ragcore.store.base import PointRecord, StoreFilter, VectorStore
+from ragcore.store.edge import EdgeStore
+from ragdev.services.tansu import TansuBroker, free_port
+from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.events import Op
 from streams.app import IngestWorker, build_worker
 from streams.consumer import ConsumerConfig
-from streams.mapping import epoch_us
-from streams.prepare import Preparer
+from streams.settings import IngestSettings
 from tests.streams.support import (
     HASH_SPEC,
     HashEmbedder,

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from ragstream.services.tansu import TansuBroker
-from ragstream.store.edge import EdgeStore
-from ragstream.store.registry import FileIndexRegistry
-from streams.prepare import Preparer
+from ragcore.prepare import Preparer
+from ragcore.store.edge import EdgeStore
+from ragcore.store.registry import FileIndexRegistry
+from ragdev.services.tansu import TansuBroker
 from tests.conftest import REPO_ROOT
 from tests.streams.support import (
     HASH_SPEC,

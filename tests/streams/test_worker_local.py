@@ -15,15 +15,16 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ragstream.embedders.cache import EmbeddingCacheConfig
-from ragstream.embedders.local_onnx import MINILM_SPEC, LocalEmbedderConfig
-from ragstream.kafka_config import KafkaSettings
-from ragstream.services.tansu import TansuBroker
-from ragstream.settings import IngestSettings, StoreSettings
-from ragstream.store.base import StoreFilter
-from ragstream.store.edge import EdgeStore
+from ragcore.embedders.cache import EmbeddingCacheConfig
+from ragcore.embedders.local_onnx import MINILM_SPEC, LocalEmbedderConfig
+from ragcore.kafka_config import KafkaSettings
+from ragcore.settings import StoreSettings
+from ragcore.store.base import StoreFilter
+from ragcore.store.edge import EdgeStore
+from ragdev.services.tansu import TansuBroker
 from streams.app import IngestWorker, build_worker
 from streams.consumer import ConsumerConfig
+from streams.settings import IngestSettings
 from tests.streams.support import (
     SorModel,
     create_topics,

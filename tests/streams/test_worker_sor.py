@@ -27,21 +27,22 @@ from prometheus_client import CollectorRegistry
 from psycopg.rows import dict_row
 from pydantic import SecretStr
 
-from ragstream.errors import ConfigError
-from ragstream.kafka_config import KafkaSettings
-from ragstream.services.postgres import PostgresCluster
-from ragstream.services.tansu import TansuBroker
-from ragstream.settings import IngestSettings, SorSettings, StoreSettings
-from ragstream.sor.debezium_format import change_event, encode_key, encode_value
-from ragstream.store.base import StoredPoint, StoreFilter
-from ragstream.store.edge import EdgeStore
+from ragcore.errors import ConfigError
+from ragcore.kafka_config import KafkaSettings
+from ragcore.mapping import TableMapping
+from ragcore.plan import PlanConfig
+from ragcore.prepare import Preparer
+from ragcore.settings import SorSettings, StoreSettings
+from ragcore.store.base import StoredPoint, StoreFilter
+from ragcore.store.edge import EdgeStore
+from ragdev.services.postgres import PostgresCluster
+from ragdev.services.tansu import TansuBroker
+from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.entities import ContentFormat, Entity
 from schemas.events import TOAST_PLACEHOLDER, Op
 from streams.app import IngestWorker, build_worker
 from streams.consumer import ConsumerConfig
-from streams.mapping import TableMapping
-from streams.plan import PlanConfig
-from streams.prepare import Preparer
+from streams.settings import IngestSettings
 from tests.conftest import REPO_ROOT
 from tests.streams.support import (
     HASH_SPEC,

@@ -27,15 +27,16 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ragstream.kafka_config import KafkaSettings
-from ragstream.settings import IngestSettings, SorSettings, StoreSettings
-from ragstream.store.edge import EdgeStore
+from ragcore.kafka_config import KafkaSettings
+from ragcore.mapping import TableMapping
+from ragcore.plan import Action, PlanConfig, plan_event
+from ragcore.settings import SorSettings, StoreSettings
+from ragcore.store.edge import EdgeStore
 from schemas.entities import ContentFormat
 from schemas.events import RawRecord
 from streams.app import IngestWorker, build_worker
 from streams.decode import decode_record
-from streams.mapping import TableMapping
-from streams.plan import Action, PlanConfig, plan_event
+from streams.settings import IngestSettings
 from tests.conftest import VECTORS
 from tests.streams.support import HashEmbedder, index_snapshot
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ragstream.errors import (
+from ragcore.errors import (
     ConfigError,
     DecodeError,
     LogicalTypeError,

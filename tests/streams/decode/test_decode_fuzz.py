@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ragstream.errors import DecodeError
+from ragcore.errors import DecodeError
 from schemas.events import TOAST_PLACEHOLDER, ChangeEvent, Op, RawRecord, RecordKind
 from streams.decode import ColumnType, DecodeOptions, LogicalType, decode_record
 

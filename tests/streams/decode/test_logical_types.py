@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ragstream.errors import ConfigError, DecodeError, LogicalTypeError
+from ragcore.errors import ConfigError, DecodeError, LogicalTypeError
 from streams.decode import (
     DATE_NEGATIVE_INFINITY,
     DATE_POSITIVE_INFINITY,

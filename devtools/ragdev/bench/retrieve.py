@@ -1,0 +1,791 @@
+"""Retrieve benchmark: client-side latency (p50/p95/p99) and QPS of the gRPC Retrieve server.
+
+What runs is the product's: the gRPC server of `retrieval_api.app.build_app` (auth by bearer
+token, validation, hybrid dense + BM25 search, calibration, ranking, SoR verification, evidence
+pack) with the real local ONNX embedder (`LocalOnnxEmbedder`, all-MiniLM-L6-v2 int8) embedding
+every query, on a loopback port in a background event loop of this process; a qdrant-edge
+`EdgeStore` holding one tenant's index of `points` chunks, registered with `FileIndexRegistry`
+(created with `MINILM_SPEC` and `Bm25Encoder().model_version`, marked ready, activated: the
+server's manifest check passes) and optimized (HNSW) after loading.
+
+What is synthetic, and why: embedding 100k chunks with the local model takes ~1.5 h on this
+machine, so the indexed chunk *vectors* are synthetic. They are not arbitrary: the chunk texts
+are English prose of the machine (Python stdlib docstrings, then the licences of
+/usr/share/common-licenses), 2-5 sentences out of a window of consecutive ones; every unique
+sentence is embedded for real once (a few thousand short texts), and a chunk's vector is the
+unit mean of its sentences' real embeddings plus Gaussian noise. So real query embeddings land
+near the chunks holding the words they were written from, dense hits score like real ones, and
+the cosine thresholds, the SoR check and the evidence pack see realistic survivors. Chunk
+texts, BM25 sparse vectors (`Bm25Encoder.encode_document`), payloads and SoR rows are
+real-shaped and consistent with each other.
+
+Two variants on the same index: with SoR verification (the real `SqliteSor` on the
+`schemas/sql/entities.sqlite.sql` table holding every entity with the indexed content hash, so
+every verdict is OK) and without (`_NoVerification`: every id exists and is fresh, answered
+from memory without any I/O). Each variant runs a warm-up, then `queries` calls at each
+concurrency (client threads sharing one channel, one blocking call in flight per thread).
+
+Run: `ragstream bench retrieve` or `python -m ragdev.bench.retrieve` (prints JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import sqlite3
+import statistics
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from numpy.typing import NDArray
+from prometheus_client import CollectorRegistry
+
+from ragcore.embedders.base import Embedder
+from ragcore.embedders.local_onnx import MINILM_SPEC, LocalEmbedderConfig, LocalOnnxEmbedder
+from ragcore.errors import ConfigError
+from ragcore.mapping import TableCatalog, TableMapping
+from ragcore.plan import PlanConfig
+from ragcore.resources import package_dir
+from ragcore.settings import SorSettings, StoreSettings
+from ragcore.sor.base import SorVerdict
+from ragcore.sparse import ENGLISH_STOPWORDS, Bm25Encoder
+from ragcore.store.base import (
+    CHUNK_ID,
+    ENTITY_ID,
+    ENTITY_TYPE,
+    EVENT_DATE,
+    SOURCE_HASH,
+    TENANT_ID,
+    PointRecord,
+)
+from ragcore.store.edge import EdgeStore
+from ragcore.store.ids import point_id
+from ragcore.store.registry import FileIndexRegistry
+from ragcore.wiring import payload_schema
+from ragdev.bench.ingest import prose_paragraphs
+from ragdev.bench.machine import machine_info
+from retrieval_api.app import RetrieveApp, build_app
+from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
+from schemas.entities import Entity
+from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
+from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
+from streams.ingest import (
+    CHUNK_COUNT,
+    VERSION_LSN,
+    VERSION_SNAPSHOT,
+    VERSION_UPDATED_AT,
+    rfc3339,
+)
+
+__all__ = ["GOAL_P95_MS", "run"]
+
+log = logging.getLogger(__name__)
+
+TENANT = "bench"
+TOKEN = "bench-retrieve-token"  # a throwaway credential of the loopback server
+ENTITY_TYPES = ("KNOWLEDGE_ARTIFACT", "ticket", "runbook", "faq")
+WARMUP_CALLS = 20
+BATCH = 512
+#: Noise norm relative to the mean of a chunk's sentence embeddings (cosine ~ 1/sqrt(1+0.3^2)).
+NOISE = 0.3
+#: A chunk's sentences come from this many consecutive sentences of the prose.
+WINDOW = 12
+CALL_TIMEOUT_S = 30.0
+
+#: The issue's goal on this 2-core machine (issue 5, Benchmark).
+GOAL_P95_MS = 30.0
+GOAL_TEXT = "p95 <= 30 ms at concurrency 1 without a reranker (local embedder, 100k chunks)"
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+_WORD = re.compile(r"[A-Za-z]{4,}")
+_QUESTIONS = (
+    "how does {0} {1} work",
+    "what is the {0} {1}",
+    "why would {0} {1} fail",
+    "when should I use {0} {1}",
+    "where are {0} and {1} {2} described",
+    "what happens to {0} {1} {2}",
+)
+_VARIANTS = (
+    ("sor_verification", True),
+    ("no_verification", False),
+)
+
+
+# --- the SoR stand-in of the variant without verification ----------------------------------
+
+
+class _NoVerification:
+    """A `SystemOfRecord` that does no verification work: every id exists and is fresh.
+
+    `verify` answers from an in-memory map of the content hashes the benchmark indexed (a dict
+    lookup, no I/O), so every verdict is OK exactly as with the real SoR; the difference
+    between the variants is the cost of the SoR round trip. Nothing else is supported.
+    """
+
+    def __init__(self, hashes: Mapping[str, str], catalog: TableCatalog) -> None:
+        self._hashes = hashes
+        self._catalog = catalog
+
+    @property
+    def catalog(self) -> TableCatalog:
+        """The mapped tables (Retrieve's own)."""
+        return self._catalog
+
+    def verify(self, tenant_id: str, entity_ids: Sequence[str]) -> dict[str, SorVerdict]:
+        """Every id exists, is not deleted and carries the indexed content hash."""
+        return {
+            i: SorVerdict(entity_id=i, exists=True, content_hash=self._hashes.get(i))
+            for i in dict.fromkeys(entity_ids)
+        }
+
+    def fetch_entities(self, tenant_id: str | None, entity_ids: Sequence[str]) -> dict[str, Entity]:
+        """Not part of Retrieve: no entities."""
+        return {}
+
+    def scan(self, tenant_id: str, batch: int = 500, table: str | None = None) -> Iterator[Entity]:
+        """Not part of Retrieve: no entities."""
+        return iter(())
+
+    def count(self, tenant_id: str, table: str | None = None) -> int:
+        """Not part of Retrieve: no entities."""
+        return 0
+
+    def check(self) -> None:
+        """Always healthy."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+# --- data --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Prose:
+    """Unique prose sentences in source order, their content words and REAL embeddings."""
+
+    sentences: tuple[str, ...]
+    words: tuple[tuple[str, ...], ...]
+    vectors: NDArray[np.float32]
+
+
+def _content_words(sentence: str) -> tuple[str, ...]:
+    return tuple(w.lower() for w in _WORD.findall(sentence) if w.lower() not in ENGLISH_STOPWORDS)
+
+
+def _sentences(limit: int) -> list[str]:
+    """Up to `limit` unique prose sentences of 5-40 words, in source order (neighbours share a
+    docstring, a module or a licence)."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for paragraph in prose_paragraphs():
+        for sentence in _SENTENCE.split(paragraph):
+            if 5 <= len(sentence.split()) <= 40 and sentence not in seen:
+                seen.add(sentence)
+                out.append(sentence)
+                if len(out) == limit:
+                    return out
+    if len(out) < 4 * WINDOW:
+        raise ConfigError(f"the machine's prose yields {len(out)} sentences: too few")
+    return out
+
+
+def _questions(prose: _Prose, n: int, rng: np.random.Generator) -> list[str]:
+    """Short natural questions: a template over consecutive content words of one sentence."""
+    out: list[str] = []
+    while len(out) < n:
+        words = prose.words[int(rng.integers(len(prose.words)))]
+        template = _QUESTIONS[int(rng.integers(len(_QUESTIONS)))]
+        needed = template.count("{")
+        if len(words) < needed:
+            continue
+        start = int(rng.integers(len(words) - needed + 1))
+        text = template.format(*words[start : start + needed])
+        out.append(text[0].upper() + text[1:] + "?")
+    return out
+
+
+@dataclass
+class _Built:
+    """The index and SoR as built, with what the report needs."""
+
+    collection: str
+    version: int
+    entities: int
+    hashes: dict[str, str]
+    seconds: dict[str, float]
+    optimize_changed: bool
+    mean_chunk_words: float
+    prose: _Prose
+    mean_cosine_to_sentence_mean: float
+
+
+class _Builder:
+    """Generates entities (1-3 chunks each) and their points and SoR rows."""
+
+    def __init__(self, prose: _Prose, rng: np.random.Generator) -> None:
+        self.prose = prose
+        self.rng = rng
+        self.sparse = Bm25Encoder()
+        self.clock = datetime(2026, 1, 1, tzinfo=UTC)
+        self.lsn = 1_000
+        self.hashes: dict[str, str] = {}
+        self.words = 0
+        self.chunks = 0
+        self.cosines: list[float] = []
+
+    def chunk(self, window_start: int) -> tuple[str, NDArray[np.float32]]:
+        """2-5 sentences, in order, from the `WINDOW` sentences at `window_start`; the vector is
+        the unit mean of their real embeddings plus Gaussian noise."""
+        size = min(WINDOW, len(self.prose.sentences) - window_start)
+        k = min(size, int(self.rng.integers(2, 6)))
+        picks = window_start + np.sort(self.rng.choice(size, size=k, replace=False))
+        text = " ".join(self.prose.sentences[i] for i in picks.tolist())
+        mean = self.prose.vectors[picks].mean(axis=0)
+        dim = mean.shape[0]
+        noisy = mean + self.rng.normal(
+            scale=NOISE * float(np.linalg.norm(mean)) / math.sqrt(dim), size=dim
+        )
+        unit = (noisy / np.linalg.norm(noisy)).astype(np.float32)
+        if len(self.cosines) < 1_000:
+            self.cosines.append(float(unit @ (mean / np.linalg.norm(mean))))
+        return text, unit
+
+    def entity(
+        self, number: int, n_chunks: int, version: int
+    ) -> tuple[list[PointRecord], tuple[Any, ...]]:
+        """One entity's points and its SoR row."""
+        last_start = max(0, len(self.prose.sentences) - WINDOW * (n_chunks + 1) // 2)
+        start = int(self.rng.integers(last_start + 1))
+        chunks = [self.chunk(start + j * WINDOW // 2) for j in range(n_chunks)]
+        texts = [text for text, _ in chunks]
+        key = f"doc-{number:07d}"
+        entity_id = TableMapping().entity_id([key])
+        content = "\n\n".join(texts)
+        content_hash = hashlib.sha256(content.encode("utf-8")).hexdigest()
+        self.hashes[entity_id] = content_hash
+        self.clock += timedelta(seconds=7)
+        self.lsn += 16
+        updated = rfc3339(self.clock)
+        entity_type = ENTITY_TYPES[number % len(ENTITY_TYPES)]
+        title = " ".join(self.prose.sentences[start].split()[:8]).rstrip(".,;:")
+        points = []
+        offset = 0
+        for index, (text, vector) in enumerate(chunks):
+            chunk_id = f"{entity_id}:chunk:{index}"
+            payload: dict[str, Any] = {
+                TENANT_ID: TENANT,
+                ENTITY_ID: entity_id,
+                CHUNK_ID: chunk_id,
+                SOURCE_HASH: content_hash,
+                ENTITY_TYPE: entity_type,
+                "chunk_index": index,
+                CHUNK_COUNT: n_chunks,
+                "locator": {
+                    "chunk_index": index,
+                    "char_start": offset,
+                    "char_end": offset + len(text),
+                    "section_path": [],
+                    "extracted_from": None,
+                },
+                "title": title,
+                "text": text,
+                "content_format": "text",
+                "created_at": updated,
+                "updated_at": updated,
+                "embedding_model": MINILM_SPEC.name,
+                "embedding_version": MINILM_SPEC.model_version,
+                "index_version": version,
+                "indexed_at": updated,
+                VERSION_UPDATED_AT: int(self.clock.timestamp() * 1_000_000),
+                VERSION_LSN: self.lsn,
+                VERSION_SNAPSHOT: False,
+                EVENT_DATE: updated,
+            }
+            points.append(
+                PointRecord(
+                    point_id=point_id(TENANT, chunk_id, version),
+                    dense=vector,
+                    sparse=self.sparse.encode_document(text),
+                    payload=payload,
+                )
+            )
+            offset += len(text) + 2
+            self.words += len(text.split())
+            self.chunks += 1
+        row = (
+            key,
+            TENANT,
+            entity_type,
+            title,
+            content,
+            json.dumps({"format": "text"}),
+            content_hash,
+            updated,
+            updated,
+        )
+        return points, row
+
+
+def _create_sor(path: Path) -> sqlite3.Connection:
+    ddl = (package_dir("schemas") / "sql" / "entities.sqlite.sql").read_text(encoding="utf-8")
+    conn = sqlite3.connect(path)
+    conn.executescript(ddl)
+    return conn
+
+
+def _build(
+    root: Path,
+    store: EdgeStore,
+    embedder: Embedder,
+    *,
+    points: int,
+    n_sentences: int,
+    rng: np.random.Generator,
+) -> _Built:
+    """Sentences and their real embeddings, the registered index (loaded, optimized, active)
+    and the SoR."""
+    seconds: dict[str, float] = {}
+    began = time.perf_counter()
+    sentences = _sentences(n_sentences)
+    seconds["read_prose"] = time.perf_counter() - began
+
+    began = time.perf_counter()
+    vectors = np.asarray(embedder.embed_documents(sentences), dtype=np.float32)
+    seconds["embed_sentences"] = time.perf_counter() - began
+    log.info("%d sentences embedded in %.1f s", len(sentences), seconds["embed_sentences"])
+    prose = _Prose(tuple(sentences), tuple(_content_words(s) for s in sentences), vectors)
+
+    registry = FileIndexRegistry(root / "store", store)
+    manifest = registry.create_version(
+        TENANT, MINILM_SPEC, sparse_encoder=Bm25Encoder().model_version
+    )
+    builder = _Builder(prose, rng)
+    sor = _create_sor(root / "sor.sqlite")
+    generate_s = upsert_s = sor_s = 0.0
+    made = entities = 0
+    try:
+        while made < points:
+            began = time.perf_counter()
+            batch: list[PointRecord] = []
+            rows: list[tuple[Any, ...]] = []
+            while made < points and len(batch) < BATCH:
+                n_chunks = min(points - made, int(rng.integers(1, 4)))
+                entity_points, row = builder.entity(entities, n_chunks, manifest.version)
+                batch.extend(entity_points)
+                rows.append(row)
+                made += n_chunks
+                entities += 1
+            generate_s += time.perf_counter() - began
+            began = time.perf_counter()
+            store.upsert(manifest.index_name, batch, wait=True)
+            upsert_s += time.perf_counter() - began
+            began = time.perf_counter()
+            with sor:
+                sor.executemany(
+                    "INSERT INTO entities (id, company_id, entity_type, name, content, metadata,"
+                    " content_hash, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
+            sor_s += time.perf_counter() - began
+            if made // 10_000 != (made - len(batch)) // 10_000:
+                log.info("loaded %d/%d points", made, points)
+    finally:
+        sor.close()
+    seconds["generate_texts_bm25_payloads"] = generate_s
+    seconds["upsert"] = upsert_s
+    seconds["sor_insert"] = sor_s
+
+    began = time.perf_counter()
+    changed = store.optimize(manifest.index_name)
+    seconds["optimize"] = time.perf_counter() - began
+    registry.mark_ready(TENANT, manifest.version, total_vectors=points)
+    registry.activate(TENANT, manifest.version)
+    log.info("index built: %s", {k: round(v, 1) for k, v in seconds.items()})
+
+    return _Built(
+        collection=manifest.index_name,
+        version=manifest.version,
+        entities=entities,
+        hashes=builder.hashes,
+        seconds={k: round(v, 2) for k, v in seconds.items()},
+        optimize_changed=changed,
+        mean_chunk_words=round(builder.words / max(1, builder.chunks), 1),
+        prose=prose,
+        mean_cosine_to_sentence_mean=round(statistics.fmean(builder.cosines), 3),
+    )
+
+
+# --- server and client -----------------------------------------------------------------------
+
+
+@contextmanager
+def _serving(app: RetrieveApp) -> Iterator[str]:
+    """The app's gRPC server on a loopback port in a background event loop."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="retrieve-server", daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(app.server.start(), loop).result(60)
+        yield f"127.0.0.1:{app.server.port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(app.server.stop(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+        app.close()
+
+
+@dataclass(frozen=True)
+class _Sample:
+    latency_s: float
+    status: str
+    timings_ms: Mapping[str, float]
+    results: int
+    excluded: Mapping[str, int]
+
+
+def _call(stub: Any, query: str) -> _Sample:
+    request = pb.RetrieveRequest(query_text=query)
+    metadata = (("authorization", f"Bearer {TOKEN}"),)
+    began = time.perf_counter()
+    try:
+        pack = stub.Retrieve(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
+    except grpc.RpcError as err:
+        elapsed = time.perf_counter() - began
+        code = err.code().name if isinstance(err, grpc.Call) else "UNKNOWN"
+        return _Sample(elapsed, f"GRPC_{code}", {}, 0, {})
+    elapsed = time.perf_counter() - began
+    status = pb.RetrievalStatus.Name(pack.status).removeprefix("RETRIEVAL_STATUS_")
+    excluded = Counter(
+        pb.ExclusionReason.Name(e.reason).removeprefix("EXCLUSION_REASON_") for e in pack.excluded
+    )
+    return _Sample(elapsed, status, dict(pack.timings_ms), len(pack.results), dict(excluded))
+
+
+def _percentiles_ms(values: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(v * 1000.0 for v in values)
+
+    def pick(q: float) -> float:
+        # nearest rank: the smallest sample with at least q of the samples at or below it
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+    return {
+        "p50": round(pick(0.50), 2),
+        "p95": round(pick(0.95), 2),
+        "p99": round(pick(0.99), 2),
+        "max": round(ordered[-1], 2),
+        "mean": round(statistics.fmean(ordered), 2),
+    }
+
+
+def _drive(stub: Any, queries: Sequence[str], concurrency: int) -> tuple[list[_Sample], float]:
+    """`queries` calls with at most `concurrency` in flight (one blocking call per thread);
+    the samples and the wall time."""
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="bench-client") as pool:
+        began = time.perf_counter()
+        samples = list(pool.map(lambda q: _call(stub, q), queries))
+        wall = time.perf_counter() - began
+    return samples, wall
+
+
+def _summary(
+    samples: Sequence[_Sample], wall: float, concurrency: int, loads: Sequence[Sequence[float]]
+) -> dict[str, Any]:
+    stages: dict[str, list[float]] = {}
+    excluded: Counter[str] = Counter()
+    for s in samples:
+        for stage, ms in s.timings_ms.items():
+            stages.setdefault(stage, []).append(ms)
+        excluded.update(s.excluded)
+    answered = [s for s in samples if s.timings_ms]
+    return {
+        "concurrency": concurrency,
+        "n": len(samples),
+        "wall_s": round(wall, 3),
+        "qps": round(len(samples) / wall, 2),
+        "latency_ms": _percentiles_ms([s.latency_s for s in samples]),
+        "statuses": dict(Counter(s.status for s in samples)),
+        "mean_results": round(statistics.fmean(s.results for s in answered), 2)
+        if answered
+        else 0.0,
+        "excluded_by_reason": dict(excluded),
+        "server_stage_ms_mean": {k: round(statistics.fmean(v), 3) for k, v in stages.items()},
+        "load_average_at_slice_starts": [[round(x, 2) for x in load] for load in loads],
+    }
+
+
+def _measure_variants(
+    settings: RetrieveSettings,
+    store: EdgeStore,
+    embedder: Embedder,
+    *,
+    hashes: Mapping[str, str],
+    warmup: Sequence[str],
+    queries: Sequence[str],
+    concurrency: Sequence[int],
+) -> list[dict[str, Any]]:
+    """Both variants' servers at once; at each concurrency the query list runs in two halves,
+    ordered A B then B A, so drifting background load weighs on both variants alike."""
+    names = [name for name, _ in _VARIANTS]
+    with ExitStack() as stack:
+        stubs: dict[str, Any] = {}
+        for name, verification in _VARIANTS:
+            sor = None if verification else _NoVerification(hashes, settings.plan.catalog)
+            app = build_app(settings, CollectorRegistry(), store=store, embedder=embedder, sor=sor)
+            target = stack.enter_context(_serving(app))
+            channel = stack.enter_context(grpc.insecure_channel(target))
+            grpc.channel_ready_future(channel).result(timeout=30)
+            stubs[name] = pb_grpc.RetrievalServiceStub(channel)
+            failed = Counter(
+                s.status
+                for s in (_call(stubs[name], q) for q in warmup)
+                if s.status.startswith("GRPC_")
+            )
+            if failed:
+                raise ConfigError(f"{name}: warm-up calls failed: {dict(failed)}")
+        half = (len(queries) + 1) // 2
+        slices = [(queries[:half], names), (queries[half:], names[::-1])]
+        out: list[dict[str, Any]] = []
+        for level in concurrency:
+            samples: dict[str, list[_Sample]] = {n: [] for n in names}
+            walls = dict.fromkeys(names, 0.0)
+            loads: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
+            for part, order in slices:
+                for name in order:
+                    if not part:
+                        continue
+                    log.info("%s, concurrency %d: %d calls", name, level, len(part))
+                    loads[name].append(os.getloadavg())
+                    got, wall = _drive(stubs[name], part, level)
+                    samples[name].extend(got)
+                    walls[name] += wall
+            for name, verification in _VARIANTS:
+                sor_text = (
+                    "SqliteSor (the embedded SoR reader, one batched query per request)"
+                    if verification
+                    else "_NoVerification (in-memory: every id exists and is fresh, no I/O)"
+                )
+                out.append(
+                    {
+                        "variant": name,
+                        "sor_verification": verification,
+                        "sor": sor_text,
+                        **_summary(samples[name], walls[name], level, loads[name]),
+                    }
+                )
+    return out
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def run(
+    *,
+    points: int = 100_000,
+    queries: int = 200,
+    concurrency: Sequence[int] = (1, 8),
+    data_dir: Path | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Build the index and the SoR, run both variants at each concurrency; a JSON-able report.
+
+    `data_dir` receives the store, the registry and the SoR (a temporary directory, removed
+    afterwards, when None; otherwise it must not hold a previous run).
+    """
+    if points < 1 or queries < 1 or not concurrency or min(concurrency) < 1:
+        raise ConfigError("points, queries and every concurrency level must be >= 1")
+    load_before = os.getloadavg()
+    rng = np.random.default_rng(seed)
+    # every sentence of the machine for 100k points; fewer (faster to embed) for small runs
+    n_sentences = max(50 * WINDOW, points // 4)
+    with ExitStack() as stack:
+        if data_dir is None:
+            root = Path(tempfile.mkdtemp(prefix="ragstream-bench-retrieve-"))
+            stack.callback(shutil.rmtree, root, ignore_errors=True)
+        else:
+            root = Path(data_dir)
+            if (root / "store").exists() or (root / "sor.sqlite").exists():
+                raise ConfigError(f"{root} holds a previous run: use an empty directory")
+            root.mkdir(parents=True, exist_ok=True)
+        plan = PlanConfig()
+        store = EdgeStore(root / "store", schema=payload_schema(plan))
+        stack.callback(store.close)
+        embedder_config = LocalEmbedderConfig()
+        embedder = LocalOnnxEmbedder(embedder_config)
+        stack.callback(embedder.close)
+        if embedder.spec != MINILM_SPEC:
+            raise ConfigError(f"the local embedder is {embedder.spec.model_version}, not MiniLM")
+
+        built = _build(root, store, embedder, points=points, n_sentences=n_sentences, rng=rng)
+        warmup = _questions(built.prose, WARMUP_CALLS, rng)
+        measured = _questions(built.prose, queries, rng)
+
+        settings = RetrieveSettings(
+            grpc=GrpcSettings(port=0),
+            auth=AuthSettings(tokens={TENANT: hashlib.sha256(TOKEN.encode()).hexdigest()}),
+            store=StoreSettings(data_dir=root / "store"),
+            sor=SorSettings(kind="sqlite", sqlite_path=root / "sor.sqlite"),
+            plan=plan,
+            publish_enabled=False,
+            metrics_port=0,
+        )
+        results = _measure_variants(
+            settings,
+            store,
+            embedder,
+            hashes=built.hashes,
+            warmup=warmup,
+            queries=measured,
+            concurrency=concurrency,
+        )
+    load_after = os.getloadavg()
+
+    retrieval = settings.retrieval
+    top_k = retrieval.default_top_k
+    goals = [
+        {
+            "goal": GOAL_TEXT,
+            "variant": r["variant"],
+            "concurrency": 1,
+            "target_p95_ms": GOAL_P95_MS,
+            "measured_p95_ms": r["latency_ms"]["p95"],
+            "met": r["latency_ms"]["p95"] <= GOAL_P95_MS,
+        }
+        for r in results
+        if r["concurrency"] == 1
+    ]
+    return {
+        "benchmark": "ragstream bench retrieve: gRPC Retrieve latency and QPS, client side",
+        "what": (
+            "client-side latency of unary Retrieve calls (request built -> evidence pack "
+            "decoded) over a loopback gRPC channel, and calls/s, after a warm-up of "
+            f"{WARMUP_CALLS} unmeasured calls per variant. Both variants' servers run at once "
+            "(same store, same embedder); at each concurrency the queries run in two halves, "
+            "variant order A B then B A. Client threads and the servers share this process "
+            "(and its GIL)"
+        ),
+        "machine": machine_info(
+            load_before, load_after, ("onnxruntime", "qdrant-edge-py", "grpcio")
+        ),
+        "data": {
+            "vectors": (
+                "synthetic (embedding 100k chunks with the local model takes ~1.5 h here): "
+                "chunk vector = unit(mean of the REAL local-model embeddings of the chunk's "
+                f"sentences + Gaussian noise of {NOISE:g} x its norm), mean cosine "
+                f"{built.mean_cosine_to_sentence_mean} to that mean; "
+                f"{len(built.prose.sentences)} sentences embedded"
+            ),
+            "texts": (
+                "real English prose of the machine (Python stdlib docstrings, then "
+                "/usr/share/common-licenses): each chunk is 2-5 sentences, in order, out of "
+                f"{WINDOW} consecutive ones (mean {built.mean_chunk_words} words); an entity's "
+                "1-3 chunks come from neighbouring windows"
+            ),
+            "sparse": "Bm25Encoder.encode_document of each chunk text (IDF applied by the engine)",
+            "payload": (
+                "as the ingest worker writes it: tenant_id, source_entity_id, chunk_id "
+                "<entity>:chunk:<n>, source_hash (sha256 of the entity content), entity_type, "
+                "chunk_index, chunk_count, locator, title, text, content_format, created_at, "
+                "updated_at, embedding_model, embedding_version, index_version, indexed_at, "
+                "source version fields, event_date"
+            ),
+            "sor": (
+                "SQLite, schemas/sql/entities.sqlite.sql, every entity with content_hash = the "
+                "payload's source_hash (verdicts OK)"
+            ),
+            "query_embedding": (
+                f"real local ONNX embedder in the server ({MINILM_SPEC.model_version}, "
+                f"intra-op threads {embedder_config.intra_op_threads or 'onnxruntime default'})"
+            ),
+            "queries": (
+                f"{queries} short natural questions (templates over consecutive content words "
+                "of an indexed sentence), the same list for every variant and concurrency; "
+                f"{WARMUP_CALLS} other ones for the warm-up"
+            ),
+        },
+        "index": {
+            "tenant": TENANT,
+            "collection": built.collection,
+            "version": built.version,
+            "points": points,
+            "entities": built.entities,
+            "dimension": MINILM_SPEC.dimension,
+            "store": "EdgeStore (qdrant-edge, embedded), payloads in RAM",
+            "registry": "FileIndexRegistry: created, marked ready, activated",
+            "build_seconds": built.seconds,
+            "optimize_changed_segments": built.optimize_changed,
+            "hnsw": "engine defaults (m=16, ef_construct=100)",
+        },
+        "config": {
+            "top_k": top_k,
+            "candidate_k": retrieval.candidate_k(top_k),
+            "hybrid": retrieval.hybrid,
+            "fusion": retrieval.fusion_method,
+            "dense_weight": retrieval.dense_weight,
+            "sparse_weight": retrieval.sparse_weight,
+            "rrf_k": retrieval.rrf_k,
+            "order": retrieval.order,
+            "dedup_per_entity": retrieval.dedup_per_entity,
+            "evidence_thresholds": (
+                retrieval.evidence_thresholds.model_dump()
+                if retrieval.evidence_thresholds is not None
+                else "the index's calibration (built-in prior when uncalibrated)"
+            ),
+            "supporting_ratio": retrieval.supporting_ratio,
+            "reranker": None,
+            "workers": settings.grpc.workers,
+            "max_concurrent_rpcs": settings.grpc.max_concurrent_rpcs,
+            "publish": "disabled (no audit records, no reindex requests)",
+            "client": (
+                "grpc.insecure_channel on 127.0.0.1 (one channel), N client threads, one "
+                f"blocking call in flight per thread, bearer token, timeout {CALL_TIMEOUT_S:g} s"
+            ),
+            "seed": seed,
+        },
+        "results": results,
+        "goals": goals,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line entry: print the report as JSON."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--points", type=int, default=100_000)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--data-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    report = run(
+        points=args.points,
+        queries=args.queries,
+        concurrency=tuple(args.concurrency),
+        data_dir=args.data_dir,
+    )
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

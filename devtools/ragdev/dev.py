@@ -1,0 +1,454 @@
+"""`ragstream dev`: the whole system on one machine, on its embedded defaults.
+
+One process runs: a tansu broker (Kafka protocol, loopback), the embedded SQLite SoR (two
+tables: `entities` and `tickets`) that publishes Debezium-format events, qdrant-edge storage
+under the data directory, the ingest worker, the gRPC Retrieve server and `/metrics`.
+qdrant-edge allows one opener per shard, so the worker and the server share this process and
+its store. Restarting reuses the data directory: the SoR and the index persist; the broker
+(memory-only) gets a fresh snapshot of the SoR, which costs no embedding for unchanged rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import json
+import logging
+import os
+import secrets
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import psycopg
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+from prometheus_client import CollectorRegistry, start_http_server
+from pydantic import SecretStr
+
+from ragcore.embedders import build_embedder
+from ragcore.embedders.cache import EmbeddingCacheConfig
+from ragcore.embedders.local_onnx import LocalEmbedderConfig
+from ragcore.errors import ConfigError, RagstreamError
+from ragcore.kafka_config import KafkaSettings
+from ragcore.plan import PlanConfig
+from ragcore.resources import package_dir
+from ragcore.settings import SorSettings, StoreSettings
+from ragcore.store.edge import EdgeStore
+from ragdev.sample import SAMPLE_DDL, SAMPLE_TABLES, sample_rows
+from ragdev.services.debezium import DebeziumConnect, PostgresSource
+from ragdev.services.postgres import PostgresCluster
+from ragdev.services.tansu import TansuBroker
+from ragdev.sor.embedded import EmbeddedSor
+from ragdev.sor.postgres_writer import PostgresWriter
+from ragdev.sor.rows import SorWriter
+from ragstream.query import QueryError, print_pack, query
+from retrieval_api.app import build_app
+from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
+from streams.app import build_worker
+from streams.consumer import ConsumerConfig
+from streams.settings import IngestSettings, ReconcileSettings
+
+log = logging.getLogger("ragdev.dev")
+
+STACK_FILE = "dev-stack.json"
+TOKENS_FILE = "dev-tokens.json"
+#: The topics the stack creates besides one per mapped table.
+SERVICE_TOPICS = ("ragstream.dlq", "ragstream.audit", "ragstream.reindex-requests")
+#: The dev stack's SoR tables (two, shaped differently) and record policy.
+DEV_PLAN = PlanConfig(tables=SAMPLE_TABLES)
+EXAMPLES = (
+    ("acme", "If a client cancels a yearly plan after a few weeks, do they get money back?"),
+    ("globex", "how often should the seal of the GX-300 be checked?"),
+    ("acme", "what does error E-2113 mean?"),
+    ("globex", "which customers reported a leaking seal?"),
+)
+
+
+@dataclass(frozen=True)
+class DevPorts:
+    """Loopback ports of the embedded stack."""
+
+    kafka: int = 19092
+    grpc: int = 50051
+    metrics: int = 9464
+    postgres: int = 15432
+
+
+def _tokens(data_dir: Path, tenants: list[str]) -> dict[str, str]:
+    """Demo API tokens per tenant, created once and kept (0600) in the data directory."""
+    path = data_dir / TOKENS_FILE
+    tokens: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    for tenant in tenants:
+        tokens.setdefault(tenant, secrets.token_urlsafe(24))
+    path.write_text(json.dumps(tokens, indent=2))
+    os.chmod(path, 0o600)
+    return tokens
+
+
+def _create_topics(bootstrap: str, table_topics: list[str], partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in table_topics]
+        + [NewTopic(t, num_partitions=1, replication_factor=1) for t in SERVICE_TOPICS]
+    )
+    for topic, future in futures.items():
+        try:
+            future.result(15)
+        except Exception as exc:  # confluent raises KafkaException(TOPIC_ALREADY_EXISTS)
+            if "already exists" not in str(exc).lower():
+                raise ConfigError(f"cannot create topic {topic}: {exc}") from exc
+
+
+def read_stack(data_dir: Path) -> dict[str, Any]:
+    """The running dev stack's endpoints (for `ragstream sor` and `ragstream query`)."""
+    path = data_dir / STACK_FILE
+    if not path.exists():
+        raise ConfigError(f"no running dev stack: {path} not found (start `ragstream dev`)")
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
+
+
+def open_sor_writer(data_dir: Path) -> SorWriter:
+    """A writer to the running dev stack's system of record (`ragstream sor`): SQL to its
+    PostgreSQL (Debezium captures the change), or the embedded SQLite SoR (which publishes
+    the change event itself)."""
+    stack = read_stack(data_dir)
+    if stack.get("sor_kind") == "postgres":
+        return PostgresWriter(stack["sor_dsn"], DEV_PLAN)
+    return EmbeddedSor(Path(stack["sor"]), stack["kafka"], plan=DEV_PLAN)
+
+
+class _DevSor(Protocol):
+    """The dev stack's system of record and how its rows reach the broker."""
+
+    settings: SorSettings
+
+    def publish(self) -> int:
+        """Send every row to the broker as a snapshot; the number of records to expect."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What `ragstream sor` needs to write to it (the stack file)."""
+        ...
+
+    def close(self) -> None:
+        """Stop what it started."""
+        ...
+
+
+class _SqliteDevSor:
+    """The embedded SQLite SoR: it publishes Debezium-format events itself."""
+
+    def __init__(self, data_dir: Path, bootstrap: str, samples: dict[str, list[Any]]) -> None:
+        ddl = [(package_dir("schemas") / "sql" / f).read_text() for f in SAMPLE_DDL["sqlite"]]
+        self.sor = EmbeddedSor(data_dir / "sor.sqlite", bootstrap, plan=DEV_PLAN, ddl=ddl)
+        if self.sor.count() == 0:
+            for table, rows in samples.items():
+                loaded = self.sor.load(table, rows)
+                print(f"loaded {loaded} sample rows into table {table} ({self.sor.path})")
+        self.settings = SorSettings(kind="sqlite", sqlite_path=self.sor.path)
+
+    def publish(self) -> int:
+        total = self.sor.snapshot()
+        topics = ", ".join(DEV_PLAN.catalog.topics())
+        print(f"published a snapshot of {total} rows to {topics}", flush=True)
+        return total
+
+    def describe(self) -> dict[str, Any]:
+        return {"sor_kind": "sqlite", "sor": str(self.sor.path)}
+
+    def close(self) -> None:
+        self.sor.close()
+
+
+class _PostgresDevSor:
+    """PostgreSQL (kept under the data directory, logical decoding on) and real Debezium
+    (Kafka Connect standalone with the shipped connector configuration): the production
+    topology on one machine. Each start snapshots afresh (the broker keeps nothing)."""
+
+    def __init__(
+        self, data_dir: Path, bootstrap: str, port: int, samples: dict[str, list[Any]]
+    ) -> None:
+        self.cluster = PostgresCluster(logical=True, root=data_dir / "postgres", port=port)
+        try:
+            self.cluster.start()
+        except ConfigError as exc:
+            raise ConfigError(f"cannot start PostgreSQL on 127.0.0.1:{port}: {exc}") from exc
+        self.dsn = self.cluster.dsn
+        self.settings = SorSettings(kind="postgres", dsn=SecretStr(self.dsn))
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            for name in SAMPLE_DDL["postgres"]:
+                conn.execute((package_dir("schemas") / "sql" / name).read_bytes())
+        writer = PostgresWriter(self.dsn, DEV_PLAN)
+        try:
+            for table, rows in samples.items():
+                if writer.count(table) == 0:
+                    for row in rows:
+                        writer.put(table, row)
+                    print(f"loaded {len(rows)} sample rows into table {table} (PostgreSQL)")
+            self.rows = sum(writer.count(t) for t in samples)
+        finally:
+            writer.close()
+        self.debezium = DebeziumConnect(
+            bootstrap_servers=bootstrap,
+            source=PostgresSource("127.0.0.1", port, "postgres", "postgres"),
+            tables=[m.table for m in DEV_PLAN.tables],
+            topic_prefix=DEV_PLAN.topic_prefix,
+            name="ragstream-dev",
+            work_dir=data_dir / "connect",
+        )
+
+    def publish(self) -> int:
+        # fresh offsets: the memory-only broker lost every topic, Debezium snapshots again
+        (self.debezium.work_dir / "offsets.dat").unlink(missing_ok=True)
+        began = time.monotonic()
+        self.debezium.start()
+        print(
+            f"Debezium (Kafka Connect, pid {self.debezium.pid}) running after "
+            f"{time.monotonic() - began:.1f}s: snapshot of {self.rows} rows",
+            flush=True,
+        )
+        return self.rows
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "sor_kind": "postgres",
+            "sor_dsn": self.dsn,
+            "debezium_rest": self.debezium.rest_url,
+            "debezium_log": str(self.debezium.log_path),
+        }
+
+    def close(self) -> None:
+        try:
+            self.debezium.stop()
+        finally:
+            self.cluster.stop()
+
+
+def run_dev(
+    data_dir: Path,
+    *,
+    ports: DevPorts | None = None,
+    sample_limit: int | None = None,
+    sor: str = "sqlite",
+) -> int:
+    """Start everything, load the sample corpus, serve until Ctrl-C, shut down cleanly."""
+    if sor not in ("sqlite", "postgres"):
+        raise ConfigError(f"--sor must be sqlite or postgres, not {sor!r}")
+    ports = ports or DevPorts()
+    data_dir = data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    registry = CollectorRegistry()
+    broker = TansuBroker(port=ports.kafka, log_path=data_dir / "tansu.log")
+    try:
+        broker.start()
+    except RagstreamError as exc:  # a port in use surfaces as a dead process: say which
+        raise ConfigError(f"cannot start the broker on 127.0.0.1:{ports.kafka}: {exc}") from exc
+    started = time.monotonic()
+    try:
+        return _run(
+            data_dir, ports, registry, broker, sample_limit=sample_limit, started=started, sor=sor
+        )
+    finally:
+        broker.stop()
+        (data_dir / STACK_FILE).unlink(missing_ok=True)
+
+
+def _run(
+    data_dir: Path,
+    ports: DevPorts,
+    registry: CollectorRegistry,
+    broker: TansuBroker,
+    *,
+    sample_limit: int | None,
+    started: float,
+    sor: str,
+) -> int:
+    bootstrap = broker.bootstrap_servers
+    samples = sample_rows(sample_limit)
+    # Debezium writes each table to one partition (its TRUNCATE is key-less); the embedded
+    # SoR keys every event, so its topics take 4
+    _create_topics(bootstrap, DEV_PLAN.catalog.topics(), partitions=1 if sor == "postgres" else 4)
+    source: _DevSor = (
+        _PostgresDevSor(data_dir, bootstrap, ports.postgres, samples)
+        if sor == "postgres"
+        else _SqliteDevSor(data_dir, bootstrap, samples)
+    )
+    try:
+        return _serve_stack(
+            data_dir,
+            ports,
+            registry=registry,
+            bootstrap=bootstrap,
+            source=source,
+            samples=samples,
+            started=started,
+        )
+    finally:
+        source.close()
+
+
+def _serve_stack(
+    data_dir: Path,
+    ports: DevPorts,
+    *,
+    registry: CollectorRegistry,
+    bootstrap: str,
+    source: _DevSor,
+    samples: dict[str, list[Any]],
+    started: float,
+) -> int:
+    store = EdgeStore(data_dir / "store")
+    embedder = build_embedder(
+        LocalEmbedderConfig(),
+        cache=EmbeddingCacheConfig(path=data_dir / "embedding-cache.sqlite"),
+        registry=registry,
+    )
+    kafka = KafkaSettings(bootstrap_servers=bootstrap)
+    sor_settings = source.settings
+    store_settings = StoreSettings(data_dir=data_dir / "store")
+    worker = build_worker(
+        IngestSettings(
+            kafka=kafka,
+            consumer=ConsumerConfig(
+                session_timeout_ms=6000,
+                heartbeat_interval_ms=1000,
+                reindex_topic="ragstream.reindex-requests",
+            ),
+            store=store_settings,
+            sor=sor_settings,
+            plan=DEV_PLAN,
+            embedding_cache=None,
+            reconcile=ReconcileSettings(interval_s=600.0),
+        ),
+        registry,
+        store=store,
+        embedder=embedder,
+    )
+    tenants = sorted({r["company_id"] for rows in samples.values() for r in rows})
+    tokens = _tokens(data_dir, tenants)
+    app = build_app(
+        RetrieveSettings(
+            grpc=GrpcSettings(port=ports.grpc),
+            auth=AuthSettings(
+                tokens={t: hashlib.sha256(v.encode()).hexdigest() for t, v in tokens.items()}
+            ),
+            store=store_settings,
+            sor=sor_settings,
+            plan=DEV_PLAN,
+            kafka=kafka,
+        ),
+        registry,
+        store=store,
+        embedder=embedder,
+    )
+    start_http_server(ports.metrics, "127.0.0.1", registry=registry)
+    worker_thread: threading.Thread | None = None
+    reconcile_thread: threading.Thread | None = None
+    try:
+        worker.check()
+        worker.loop.start()
+        worker_thread = threading.Thread(
+            target=worker.loop.run, args=(worker.stop,), name="ingest", daemon=True
+        )
+        worker_thread.start()
+        reconcile_thread = threading.Thread(
+            target=worker.reconcile_forever, name="reconcile", daemon=True
+        )
+        reconcile_thread.start()
+        total = source.publish()
+        _wait_indexed(registry, total)
+        (data_dir / STACK_FILE).write_text(
+            json.dumps(
+                {
+                    "kafka": bootstrap,
+                    "grpc": f"127.0.0.1:{ports.grpc}",
+                    "metrics": f"http://127.0.0.1:{ports.metrics}/metrics",
+                    "topics": DEV_PLAN.catalog.topics(),
+                    **source.describe(),
+                },
+                indent=2,
+            )
+        )
+        asyncio.run(_serve(app, tokens, ports, started, data_dir))
+    finally:
+        worker.stop.set()
+        for thread in (worker_thread, reconcile_thread):
+            if thread is not None:
+                thread.join(30)
+        app.close()
+        embedder.close()
+        store.close()
+    print("stopped cleanly", flush=True)
+    return 0
+
+
+def _wait_indexed(registry: CollectorRegistry, total: int) -> None:
+    """Block until the worker has handled `total` records, printing counts and rates."""
+    began = time.monotonic()
+    last_print = 0.0
+    while True:
+        done = sum(
+            sample.value
+            for metric in registry.collect()
+            if metric.name == "ragstream_ingest_events"
+            for sample in metric.samples
+            if sample.name == "ragstream_ingest_events_total"
+        )
+        now = time.monotonic()
+        if done >= total or now - last_print >= 2.0:
+            rate = done / max(now - began, 1e-6)
+            print(f"  ingested {int(done)}/{total} records ({rate:.1f}/s)", flush=True)
+            last_print = now
+        if done >= total:
+            return
+        time.sleep(0.25)
+
+
+async def _serve(
+    app: Any, tokens: dict[str, str], ports: DevPorts, started: float, data_dir: Path
+) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await app.server.start()
+    print(
+        f"\nragstream is up ({time.monotonic() - started:.1f}s):\n"
+        f"  gRPC Retrieve   127.0.0.1:{ports.grpc}  (ragstream.retrieval.v1.RetrievalService)\n"
+        f"  metrics         http://127.0.0.1:{ports.metrics}/metrics\n"
+        f"  Kafka (tansu)   127.0.0.1:{ports.kafka}\n"
+        f"  data            {data_dir}\n"
+        f"  tokens          {data_dir / TOKENS_FILE}",
+        flush=True,
+    )
+    try:
+        for tenant, question in EXAMPLES:
+            if tenant not in tokens:
+                continue
+            print(f"\n$ ragstream query --tenant {tenant} {json.dumps(question)}", flush=True)
+            call = functools.partial(
+                query, f"127.0.0.1:{ports.grpc}", tokens[tenant], question, tenant=tenant
+            )
+            try:
+                pack = await loop.run_in_executor(None, call)
+            except QueryError as exc:
+                print(f"query failed: {exc}", flush=True)
+                continue
+            print_pack(pack, as_json=False)
+        print(
+            "\nTry: ragstream sor put --tenant acme --id my-doc"
+            " --text 'Our office dog is called Rex.'"
+            "\n     ragstream query --tenant acme 'what is the name of the office dog?'"
+            "\nPress Ctrl-C to stop.",
+            flush=True,
+        )
+        await stop.wait()
+        print("\nshutting down...", flush=True)
+    finally:
+        await app.server.stop()

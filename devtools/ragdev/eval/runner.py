@@ -1,0 +1,381 @@
+"""`ragstream eval`: run an eval set through the real system and score it.
+
+The entities go into a SQLite SoR and through the real ingest path (decode, plan, normalize,
+chunk, embed, write to qdrant-edge); each tenant's index is then calibrated as a reindex would
+(`retrieval_api.calibration`: self-supervised, no labels); every query goes through the real gRPC
+Retrieve server (auth, validation, search, evidence score, ranking, SoR verification). One run
+compares several retrieval configurations on the same index: BM25 only, dense only, the fusion
+methods, thresholds; per-query metrics, paired significance against the default configuration,
+an optional regression gate and an HTML/JSON report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sqlite3
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry
+
+from ragcore.embedders import build_embedder
+from ragcore.embedders.base import Embedder
+from ragcore.embedders.cache import EmbeddingCacheConfig
+from ragcore.embedders.local_onnx import LocalEmbedderConfig
+from ragcore.kafka_config import KafkaSettings
+from ragcore.mapping import TableMapping
+from ragcore.quality.dataset import EvalSet
+from ragcore.quality.metrics import EvalResult, QueryRun, Status, evaluate
+from ragcore.quality.significance import compare
+from ragcore.resources import package_dir
+from ragcore.settings import SorSettings, StoreSettings
+from ragcore.sparse import Bm25Encoder
+from ragcore.store.edge import EdgeStore
+from ragdev.sor.debezium_format import change_event, encode_key, encode_value
+from retrieval_api.app import build_app
+from retrieval_api.calibration import CalibrationSettings, calibrate_version
+from retrieval_api.candidates import CandidateSearch
+from retrieval_api.config import RetrievalConfig
+from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
+from schemas.events import Op, RawRecord
+from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
+from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
+from streams.app import build_worker
+from streams.settings import IngestSettings
+
+
+def _evidence_threshold(hard: float) -> dict[str, Any]:
+    return {
+        "evidence_thresholds": {"hard": hard, "medium": max(hard, 0.6), "high": max(hard, 0.85)}
+    }
+
+
+#: A single channel: its own candidates, its own order, no identifier search or priority.
+_SINGLE = {"order": "fused", "identifier_search": False, "identifier_priority": False}
+
+#: The configurations one run compares; the first is the product default (convex 0.5 / 0.5
+#: order, the thresholds the index's calibration chose). `dense_only` / `bm25_only` are one
+#: channel alone; `rrf*`, `convex_*`, `dbsf`, `evidence_order` fix another order and
+#: `calibrated_order` takes the one the calibration chose per index; `thr_*` fix the hard
+#: threshold on the evidence score, `supporting_*` the floor of supporting chunks;
+#: `no_identifier_rule` drops the identifier search and priority.
+DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "dense_only": {**_SINGLE, "hybrid": False, "sparse_weight": 0.0},
+    "bm25_only": {**_SINGLE, "dense_weight": 0.0, "sparse_weight": 1.0},
+    "rrf": {"order": "fused", "fusion_method": "rrf", "dense_weight": 1.0, "sparse_weight": 1.0},
+    "rrf_1_0.5": {
+        "order": "fused",
+        "fusion_method": "rrf",
+        "dense_weight": 1.0,
+        "sparse_weight": 0.5,
+    },
+    "rrf_0.5_1": {
+        "order": "fused",
+        "fusion_method": "rrf",
+        "dense_weight": 0.5,
+        "sparse_weight": 1.0,
+    },
+    "convex_0.7_0.3": {
+        "order": "fused",
+        "fusion_method": "convex",
+        "dense_weight": 0.7,
+        "sparse_weight": 0.3,
+    },
+    "convex_0.3_0.7": {
+        "order": "fused",
+        "fusion_method": "convex",
+        "dense_weight": 0.3,
+        "sparse_weight": 0.7,
+    },
+    "dbsf": {"order": "fused", "fusion_method": "dbsf", "dense_weight": 1.0, "sparse_weight": 1.0},
+    "evidence_order": {"order": "evidence"},
+    "calibrated_order": {"order": "calibrated"},
+    "no_identifier_rule": {"identifier_search": False, "identifier_priority": False},
+    "no_threshold": _evidence_threshold(0.0),
+    "supporting_1.0": {"supporting_ratio": 1.0},
+    "supporting_0.5": {"supporting_ratio": 0.5},
+    "supporting_0.1": {"supporting_ratio": 0.1},
+    "supporting_0": {"supporting_ratio": 0.0},
+    "thr_0.3": _evidence_threshold(0.3),
+    "thr_0.5": _evidence_threshold(0.5),
+    "thr_0.7": _evidence_threshold(0.7),
+}
+
+
+@dataclass(frozen=True)
+class ConfigResult:
+    """One configuration's scores."""
+
+    name: str
+    overrides: Mapping[str, Any]
+    result: EvalResult
+
+
+#: The eval set's entities are rows of the default `entities` table.
+EVAL_TABLE = TableMapping()
+
+
+def _eval_id(indexed: str) -> str:
+    """An entity or chunk id as the eval set names it: without the table part of the index's
+    ids (`entities:<id>`)."""
+    return indexed.removeprefix(f"{EVAL_TABLE.label}:")
+
+
+def _sqlite_sor(path: Path, evalset: EvalSet) -> None:
+    ddl = (package_dir("schemas") / "sql" / "entities.sqlite.sql").read_text()
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.executescript(ddl)
+        for e in evalset.entities:
+            meta = {**e.metadata, "format": e.format.value}
+            conn.execute(
+                "INSERT INTO entities (id, company_id, entity_type, name, content, metadata,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    e.entity_id,
+                    e.tenant,
+                    e.entity_type,
+                    e.title,
+                    e.content,
+                    json.dumps(meta),
+                    "2026-01-01T00:00:00Z",
+                    "2026-01-01T00:00:00Z",
+                ),
+            )
+    conn.close()
+
+
+def _records(evalset: EvalSet) -> list[RawRecord]:
+    """Snapshot `r` events of every entity, as Debezium would publish them."""
+    out = []
+    for n, e in enumerate(evalset.entities):
+        row = {
+            "id": e.entity_id,
+            "company_id": e.tenant,
+            "entity_type": e.entity_type,
+            "name": e.title,
+            "content": e.content,
+            "metadata": {**e.metadata, "format": e.format.value},
+            "content_hash": None,
+            "created_at": "2026-01-01T00:00:00Z",
+            "updated_at": "2026-01-01T00:00:00Z",
+            "deleted_at": None,
+        }
+        value = change_event(Op.READ, before=None, after=row, lsn=100 + n, snapshot="true")
+        out.append(
+            RawRecord(
+                topic="sor.public.entities",
+                partition=0,
+                offset=n,
+                key=encode_key({"id": e.entity_id}),
+                value=encode_value(value),
+            )
+        )
+    return out
+
+
+@contextmanager
+def _server(settings: RetrieveSettings, store: EdgeStore, embedder: Embedder) -> Iterator[str]:
+    app = build_app(settings, CollectorRegistry(), store=store, embedder=embedder)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(app.server.start(), loop).result(30)
+        yield f"127.0.0.1:{app.server.port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(app.server.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        app.close()
+
+
+def run_eval(
+    evalset: EvalSet,
+    *,
+    configs: Mapping[str, Mapping[str, Any]] | None = None,
+    base: RetrievalConfig | None = None,
+    top_k: int = 10,
+    data_dir: Path | None = None,
+    embedder: Embedder | None = None,
+    progress: bool = True,
+    calibrate: bool = True,
+    calibration: CalibrationSettings | None = None,
+    cache_dir: Path | None = None,
+) -> list[ConfigResult]:
+    """Index `evalset` once, calibrate each tenant's index (unless `calibrate` is False: the
+    prior model then scores), then score every configuration through gRPC Retrieve.
+    `cache_dir` keeps the embedding cache between runs."""
+    configs = configs or DEFAULT_CONFIGS
+    base = base or RetrievalConfig()
+    tokens = {t: hashlib.sha256(t.encode()).hexdigest()[:32] for t in evalset_tenants(evalset)}
+    with tempfile.TemporaryDirectory(prefix="ragstream-eval-") as tmp:
+        root = data_dir or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        sor_path = root / "sor.sqlite"
+        sor_path.unlink(missing_ok=True)
+        _sqlite_sor(sor_path, evalset)
+        store = EdgeStore(root / "store")
+        own = embedder is None
+        model = embedder or build_embedder(
+            LocalEmbedderConfig(),
+            cache=EmbeddingCacheConfig(
+                path=(cache_dir or root) / "embedding-cache.sqlite", max_entries=2_000_000
+            ),
+        )
+        sor = SorSettings(kind="sqlite", sqlite_path=sor_path)
+        store_settings = StoreSettings(data_dir=root / "store")
+        try:
+            worker = build_worker(
+                IngestSettings(
+                    kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),  # never contacted
+                    store=store_settings,
+                    sor=sor,
+                    embedding_cache=None,
+                ),
+                CollectorRegistry(),
+                store=store,
+                embedder=model,
+            )
+            records = _records(evalset)
+            started = time.perf_counter()
+            for i in range(0, len(records), 64):
+                letters = worker.handler.handle(records[i : i + 64])
+                if letters:
+                    raise RuntimeError(f"eval entities were rejected: {letters[:3]}")
+                if progress:
+                    done = min(i + 64, len(records))
+                    rate = done / (time.perf_counter() - started)
+                    print(f"  indexed {done}/{len(records)} entities ({rate:.1f}/s)", flush=True)
+            for tenant in tokens:
+                version = worker.registry.active_version(tenant)
+                if version is not None:
+                    store.optimize(worker.registry.manifest(tenant, version).index_name)
+            if calibrate:
+                search = CandidateSearch(
+                    config=base,
+                    encoder=Bm25Encoder(),
+                    store=store,
+                    registry=worker.registry,
+                )
+                for tenant in tokens:
+                    index = worker.registry.lookup(tenant, None)
+                    began = time.perf_counter()
+                    fitted = calibrate_version(
+                        search, worker.registry, index, model, store, settings=calibration
+                    )
+                    if progress:
+                        held = fitted.report.get("held_out", {})
+                        print(
+                            f"  calibrated {tenant}: order {fitted.ranking.label}, hard "
+                            f"{fitted.thresholds.hard:.3f}, held-out ECE {held.get('ece')}, "
+                            f"abstention {held.get('abstention')} "
+                            f"({time.perf_counter() - began:.1f}s)",
+                            flush=True,
+                        )
+            worker.close()
+            results = []
+            hashed = {t: hashlib.sha256(v.encode()).hexdigest() for t, v in tokens.items()}
+            for name, overrides in configs.items():
+                retrieval = RetrievalConfig.model_validate({**base.model_dump(), **overrides})
+                settings = RetrieveSettings(
+                    grpc=GrpcSettings(port=0),
+                    auth=AuthSettings(tokens=hashed),
+                    store=store_settings,
+                    sor=sor,
+                    publish_enabled=False,
+                    retrieval=retrieval,
+                )
+                with _server(settings, store, model) as target:
+                    runs = _query_all(target, evalset, tokens, top_k)
+                results.append(ConfigResult(name, dict(overrides), evaluate(evalset, runs)))
+                if progress:
+                    agg = results[-1].result.aggregates
+                    print(
+                        f"  {name:<16} ndcg@5={_fmt(agg.get('ndcg@5'))} "
+                        f"recall@5={_fmt(agg.get('recall@5'))} mrr@10={_fmt(agg.get('mrr@10'))}",
+                        flush=True,
+                    )
+            return results
+        finally:
+            if own:
+                model.close()
+            store.close()
+
+
+def evalset_tenants(evalset: EvalSet) -> list[str]:
+    """The tenants of an eval set, sorted."""
+    return sorted({e.tenant for e in evalset.entities})
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _query_all(
+    target: str, evalset: EvalSet, tokens: Mapping[str, str], top_k: int
+) -> list[QueryRun]:
+    runs = []
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.RetrievalServiceStub(channel)
+        for n, q in enumerate(evalset.queries):
+            # query ids (e.g. man page names like c++filt.1) need not be valid request ids
+            request = pb.RetrieveRequest(query_text=q.text, top_k=top_k, request_id=f"eval-{n:06d}")
+            began = time.perf_counter()
+            try:
+                pack = stub.Retrieve(
+                    request, metadata=(("authorization", f"Bearer {tokens[q.tenant]}"),), timeout=30
+                )
+            except grpc.RpcError as err:
+                elapsed = (time.perf_counter() - began) * 1000
+                runs.append(
+                    QueryRun(
+                        q.query_id, Status.FAILED, latency_ms=elapsed, error_code=err.code().name
+                    )
+                )
+                continue
+            elapsed = (time.perf_counter() - began) * 1000
+            status = Status.parse(pb.RetrievalStatus.Name(pack.status))
+            scored = [(_eval_id(r.entity_id), r.scores.final) for r in pack.results]
+            scored += [
+                (_eval_id(x.entity_id), x.score)
+                for x in pack.excluded
+                if x.reason == pb.EXCLUSION_REASON_BELOW_THRESHOLD
+            ]
+            runs.append(
+                QueryRun(
+                    q.query_id,
+                    status,
+                    entity_ids=tuple(_eval_id(r.entity_id) for r in pack.results),
+                    chunk_ids=tuple(_eval_id(r.chunk_id) for r in pack.results),
+                    latency_ms=elapsed,
+                    scored=tuple(scored),
+                )
+            )
+    return runs
+
+
+def comparison(results: Sequence[ConfigResult], metric: str = "ndcg@5") -> dict[str, Any]:
+    """Paired bootstrap of each configuration against the first (the default)."""
+    baseline = results[0]
+    base_values = baseline.result.metric_values(metric)
+    out: dict[str, Any] = {}
+    for other in results[1:]:
+        test = compare(base_values, other.result.metric_values(metric))
+        out[other.name] = {
+            "metric": metric,
+            "mean_diff_vs_default": test.mean_diff,
+            "ci95": [test.ci_low, test.ci_high],
+            "p_value": test.p_value,
+        }
+    return out

@@ -1,0 +1,47 @@
+"""The named evaluation sets of `ragstream eval --dataset`.
+
+- `golden`: the hand-written golden set (`devtools/ragdev/eval/data/golden.json`);
+- `manpages`: the pinned man-page known-item benchmark (`ragdev.eval.manpages`);
+- `faqs`: the FAQ question-answering benchmark, written in BEIR format from the FAQ files on
+  this machine (`ragdev.eval.faqs`) and loaded through the BEIR loader;
+- `beir:DIR`: any BEIR-format directory;
+- anything else: an eval set JSON file.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from ragcore.quality.dataset import EvalSet, load_evalset
+from ragcore.quality.errors import EvalDataError
+from ragdev.eval import GOLDEN_PATH
+from ragdev.eval.beir import load_beir
+from ragdev.eval.faqs import TENANT as FAQ_TENANT
+from ragdev.eval.faqs import collect, write_beir
+from ragdev.eval.manpages import load_pinned
+
+NAMES = ("golden", "manpages", "faqs")
+
+
+def load_named(dataset: str, *, beir_dir: Path | None = None) -> EvalSet:
+    """The eval set `dataset` names (see the module docstring); `beir_dir` keeps the FAQ set's
+    BEIR files (else they go to a temporary directory)."""
+    if dataset == "golden":
+        return load_evalset(GOLDEN_PATH)
+    if dataset == "manpages":
+        loaded = load_pinned()
+        if loaded.evalset is None:
+            raise EvalDataError(f"man-page benchmark unavailable: {loaded.skipped_reason}")
+        return loaded.evalset
+    if dataset == "faqs":
+        entries, _absent = collect()
+        if beir_dir is not None:
+            write_beir(beir_dir, entries)
+            return load_beir(beir_dir, tenant=FAQ_TENANT, name="faqs")
+        with tempfile.TemporaryDirectory(prefix="ragstream-faqs-") as tmp:
+            write_beir(Path(tmp), entries)
+            return load_beir(Path(tmp), tenant=FAQ_TENANT, name="faqs")
+    if dataset.startswith("beir:"):
+        return load_beir(Path(dataset[5:]), tenant="beir")
+    return load_evalset(Path(dataset))

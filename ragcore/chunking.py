@@ -1,0 +1,541 @@
+"""Split normalized text into chunks sized to the embedder's token budget
+(docs/decisions/chunk-size-follows-embedder.md).
+
+Rules:
+- The text is cut into paragraphs (blank lines; a Markdown code fence or heading is a paragraph
+  of its own) and paragraphs into sentences (a rule-based splitter; list items, table rows and
+  code lines are units of their own).
+- Whole sentences are packed greedily up to `max_tokens`. A sentence is split only when it alone
+  exceeds the budget, then on token boundaries (via the counter), preferring whitespace.
+- With the "paragraph" strategy whole paragraphs are packed; a paragraph over the budget falls
+  back to its sentences.
+- Overlap: a chunk starts with the trailing *whole* sentences of the previous chunk that fit in
+  `overlap_tokens` (never its first unit, so chunk starts strictly increase).
+- Every chunk is an exact slice of the normalized text (`text[char_start:char_end]`), its
+  `token_count` is counted by the counter on that text and is `<= max_tokens`.
+- Markdown (and HTML, whose normalizer writes `#` headings): `locator.section_path` is the heading
+  path in force at the chunk's start.
+- Deterministic: the same input gives the same chunks byte for byte.
+
+Empty or whitespace-only text gives no chunks: the caller decides what an entity without text
+means (delete its chunks, skip it, or flag it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ragcore.errors import ChunkingError, ConfigError
+from ragcore.normalize import NormalizedText
+from ragcore.tokenizers import TokenCounter
+from schemas.entities import Chunk, ContentFormat, Locator
+
+Strategy = Literal["sentence", "paragraph"]
+STRATEGIES: tuple[Strategy, ...] = ("sentence", "paragraph")
+DEFAULT_OVERLAP_RATIO = 0.15
+
+
+@dataclass(frozen=True)
+class ChunkConfig:
+    """How to chunk. `max_tokens` is the budget from `ragcore.tokenizers.chunk_budget`."""
+
+    max_tokens: int
+    overlap_tokens: int | None = None  # None: DEFAULT_OVERLAP_RATIO of max_tokens
+    strategy: Strategy = "sentence"
+
+    def __post_init__(self) -> None:
+        if self.max_tokens <= 0:
+            raise ConfigError(f"max_tokens must be positive, got {self.max_tokens}")
+        if self.overlap_tokens is not None and not 0 <= self.overlap_tokens < self.max_tokens:
+            raise ConfigError(
+                f"overlap_tokens must be >= 0 and < max_tokens ({self.max_tokens}), "
+                f"got {self.overlap_tokens}"
+            )
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+
+    @property
+    def effective_overlap_tokens(self) -> int:
+        """The overlap in use: the configured one, else 15% of the budget."""
+        if self.overlap_tokens is not None:
+            return self.overlap_tokens
+        return int(self.max_tokens * DEFAULT_OVERLAP_RATIO)
+
+
+def chunk_text(
+    entity_id: str,
+    text: NormalizedText | str,
+    counter: TokenCounter,
+    config: ChunkConfig,
+    fmt: ContentFormat,
+) -> list[Chunk]:
+    """Chunk normalized text; `[]` for empty/whitespace text (the caller decides what that means).
+
+    Raises ChunkingError when not even one character fits the budget (a budget smaller than the
+    tokens of a single code point).
+    """
+    if isinstance(text, NormalizedText):
+        body, extracted_from = text.text, text.extracted_from
+    else:
+        body, extracted_from = text, fmt.value
+    if not body.strip():
+        return []
+    structured = fmt in (ContentFormat.MARKDOWN, ContentFormat.HTML)
+    paragraphs = _paragraphs(body, structured=structured, fenced=fmt is ContentFormat.MARKDOWN)
+    packer = _Packer(body, counter, config)
+    atoms = packer.atoms(paragraphs)
+    sections = _SectionIndex(paragraphs) if structured else None
+    chunks: list[Chunk] = []
+    for start, end, tokens in packer.pack(atoms):
+        index = len(chunks)
+        chunks.append(
+            Chunk(
+                chunk_id=Chunk.make_id(entity_id, index),
+                entity_id=entity_id,
+                chunk_index=index,
+                text=body[start:end],
+                token_count=tokens,
+                locator=Locator(
+                    chunk_index=index,
+                    char_start=start,
+                    char_end=end,
+                    section_path=sections.path_at(start) if sections else (),
+                    extracted_from=extracted_from,
+                ),
+            )
+        )
+    return chunks
+
+
+# --- paragraphs --------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
+_SETEXT = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
+# Lines that start a unit of their own: list items, quotes, table rows.
+_LINE_UNIT = re.compile(r"^[ \t]*(?:[-*+•]\s|\d{1,3}[.)]\s|>|\|)")
+
+
+@dataclass(frozen=True)
+class _Paragraph:
+    start: int
+    end: int
+    kind: Literal["text", "code", "heading"]
+    lines: tuple[tuple[int, int], ...]  # (start, end) of each line, end excluding "\n"
+    level: int = 0  # heading level
+    title: str = ""  # heading title
+
+
+def _line_spans(text: str) -> list[tuple[int, int]]:
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    for line in text.split("\n"):
+        spans.append((pos, pos + len(line)))
+        pos += len(line) + 1
+    return spans
+
+
+def _paragraphs(text: str, *, structured: bool, fenced: bool) -> list[_Paragraph]:
+    """Blank-line separated paragraphs; fences and headings are paragraphs of their own."""
+    out: list[_Paragraph] = []
+    current: list[tuple[int, int]] = []
+
+    def flush() -> None:
+        if current:
+            out.append(_Paragraph(current[0][0], current[-1][1], "text", tuple(current)))
+            current.clear()
+
+    lines = _line_spans(text)
+    i = 0
+    while i < len(lines):
+        start, end = lines[i]
+        line = text[start:end]
+        if not line.strip():
+            flush()
+            i += 1
+            continue
+        fence = _FENCE.match(line) if fenced else None
+        if fence:
+            flush()
+            marker = fence.group(1)
+            j = i + 1
+            while j < len(lines):
+                close = _FENCE.match(text[lines[j][0] : lines[j][1]])
+                if close and close.group(1)[0] == marker[0] and len(close.group(1)) >= len(marker):
+                    break
+                j += 1
+            last = min(j, len(lines) - 1)
+            code_lines = tuple(s for s in lines[i : last + 1] if text[s[0] : s[1]].strip())
+            out.append(_Paragraph(start, lines[last][1], "code", code_lines))
+            i = last + 1
+            continue
+        atx = _ATX.match(line) if structured else None
+        if atx:
+            flush()
+            title = (atx.group(2) or "").strip()
+            out.append(_Paragraph(start, end, "heading", ((start, end),), len(atx.group(1)), title))
+            i += 1
+            continue
+        underline = (
+            _SETEXT.match(text[lines[i + 1][0] : lines[i + 1][1]])
+            if structured and not current and i + 1 < len(lines)
+            else None
+        )
+        if underline and not _LINE_UNIT.match(line):
+            level = 1 if underline.group(1)[0] == "=" else 2
+            span = ((start, lines[i + 1][1]),)
+            out.append(_Paragraph(start, lines[i + 1][1], "heading", span, level, line.strip()))
+            i += 2
+            continue
+        current.append((start, end))
+        i += 1
+    flush()
+    return out
+
+
+# --- sentences -----------------------------------------------------------------------------------
+
+# Words that end with a period without ending the sentence (compared lower-case, no trailing dot).
+ABBREVIATIONS = frozenset(
+    {
+        "al", "approx", "ave", "blvd", "ca", "cf", "ch", "co", "corp", "dept", "dr", "ed", "eds",
+        "eq", "est", "fig", "figs", "gen", "gov", "govt", "inc", "jr", "lt", "ltd", "max", "min",
+        "mr", "mrs", "ms", "mt", "no", "nos", "op", "p", "pp", "prof", "ref", "rep", "rev", "sec",
+        "sen", "sgt", "sr", "st", "vol", "vols", "vs", "viz",
+    }
+)  # fmt: skip
+# Sentence-final punctuation (with closing quotes/brackets); Latin needs whitespace after it.
+_TERMINATOR = re.compile(
+    r"(?:[.!?]+|…+)[\"'”’)\]»]*(?=\s)|[。！？]+[\"'”’)\]」』»]*|[.!?…]+[\"'”’)\]»]*$"
+)
+_DOTTED_ABBREVIATION = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]")  # e.g, i.e, U.S, a.m
+
+
+def _is_abbreviation(before: str) -> bool:
+    word = before.rsplit(None, 1)[-1] if before.strip() else ""
+    word = word.lstrip("([{\"'“‘")
+    if not word:
+        return False
+    if len(word) == 1 and word.isalpha():  # an initial: "J. R. R. Tolkien"
+        return True
+    return word.lower() in ABBREVIATIONS or bool(_DOTTED_ABBREVIATION.fullmatch(word))
+
+
+def split_sentences(text: str, start: int = 0, end: int | None = None) -> list[tuple[int, int]]:
+    """Sentence spans `(start, end)` of `text[start:end]`, whitespace trimmed.
+
+    Rule-based: a sentence ends at `.`, `!`, `?` or `…` (plus closing quotes/brackets) followed by
+    whitespace and a character that is not lower-case, unless the word before a single `.` is an
+    abbreviation or an initial; CJK `。！？` end a sentence without whitespace. Decimals, URLs and
+    version strings have no whitespace after their dots, so they never end a sentence.
+    """
+    stop = len(text) if end is None else end
+    segment = text[start:stop]
+    spans: list[tuple[int, int]] = []
+    begin = 0
+    for match in _TERMINATOR.finditer(segment):
+        cut = match.end()
+        if match.group(0)[0] not in "。！？":
+            rest = segment[cut:].lstrip()
+            if rest and rest[0].islower():
+                continue
+            if match.group(0).rstrip("\"'”’)]»") == "." and _is_abbreviation(
+                segment[begin : match.start()]
+            ):
+                continue
+        spans.append((begin, cut))
+        begin = cut
+    spans.append((begin, len(segment)))
+    out: list[tuple[int, int]] = []
+    for s, e in spans:
+        piece = segment[s:e]
+        stripped = piece.strip()
+        if stripped:
+            lead = len(piece) - len(piece.lstrip())
+            out.append((start + s + lead, start + s + lead + len(stripped)))
+    return out
+
+
+# --- packing -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Atom:
+    """The smallest unit packed: a sentence (or line), or a piece of an over-long one."""
+
+    start: int
+    end: int
+    tokens: int  # counted alone
+    whole: bool  # False for a piece of a split sentence: never used as overlap
+    heading: bool = False
+
+
+@dataclass
+class _Block:
+    """Atoms packed together or not at all (a paragraph with the "paragraph" strategy)."""
+
+    atoms: list[int]
+    tokens: int  # estimate: atoms alone plus the gaps between them
+    heading: bool = False
+
+
+@dataclass
+class _Packer:
+    text: str
+    counter: TokenCounter
+    config: ChunkConfig
+    _gap_tokens: dict[str, int] = field(default_factory=dict)
+    _atoms: list[_Atom] = field(default_factory=list)
+
+    @property
+    def budget(self) -> int:
+        return self.config.max_tokens
+
+    def count(self, start: int, end: int) -> int:
+        return self.counter.count(self.text[start:end])
+
+    def gap(self, left: int, right: int) -> int:
+        """Tokens of the whitespace between two atoms (estimate for packing)."""
+        between = self.text[self._atoms[left].end : self._atoms[right].start]
+        cached = self._gap_tokens.get(between)
+        if cached is None:
+            cached = self._gap_tokens[between] = self.counter.count(between)
+        return cached
+
+    # atoms
+
+    def atoms(self, paragraphs: list[_Paragraph]) -> list[_Block]:
+        """Atoms of every paragraph, grouped into blocks per the strategy."""
+        blocks: list[_Block] = []
+        for paragraph in paragraphs:
+            first = len(self._atoms)
+            for start, end, whole in self._units(paragraph):
+                tokens = self.count(start, end)
+                if tokens <= self.budget:
+                    self._atoms.append(
+                        _Atom(start, end, tokens, whole, paragraph.kind == "heading")
+                    )
+                else:
+                    self._atoms.extend(self._split(start, end))
+            indices = list(range(first, len(self._atoms)))
+            if not indices:
+                continue
+            if self.config.strategy == "paragraph":
+                estimate = sum(self._atoms[i].tokens for i in indices)
+                estimate += sum(self.gap(a, b) for a, b in itertools.pairwise(indices))
+                if estimate <= self.budget:
+                    blocks.append(_Block(indices, estimate, paragraph.kind == "heading"))
+                    continue
+            for i in indices:
+                atom = self._atoms[i]
+                blocks.append(_Block([i], atom.tokens, atom.heading))
+        return blocks
+
+    def _units(self, paragraph: _Paragraph) -> list[tuple[int, int, bool]]:
+        if paragraph.kind == "heading":
+            return [
+                (s, e, True) for s, e in _trimmed(self.text, ((paragraph.start, paragraph.end),))
+            ]
+        if paragraph.kind == "code":
+            return [(s, e, True) for s, e in _trimmed(self.text, paragraph.lines)]
+        units: list[tuple[int, int, bool]] = []
+        seg_start, seg_end = paragraph.lines[0]
+        for line_start, line_end in paragraph.lines[1:]:
+            if _LINE_UNIT.match(self.text[line_start:line_end]):
+                units.extend(
+                    (s, e, True) for s, e in split_sentences(self.text, seg_start, seg_end)
+                )
+                seg_start = line_start
+            seg_end = line_end
+        units.extend((s, e, True) for s, e in split_sentences(self.text, seg_start, seg_end))
+        return units
+
+    def _split(self, start: int, end: int) -> list[_Atom]:
+        """Pieces of an over-long sentence, each within the budget, cut on token boundaries."""
+        pieces: list[_Atom] = []
+        pos = start
+        while pos < end:
+            # Tokenize a window, not the whole rest: a huge sentence would make this quadratic.
+            window = min(end - pos, max(256, self.budget * 16))
+            while True:
+                chunk = self.text[pos : pos + window]
+                cut = self.counter.prefix_end(chunk, self.budget)
+                if cut < len(chunk) or pos + window >= end:
+                    break
+                window = min(end - pos, window * 2)
+            piece_end, tokens = self._fit(pos, pos + cut, end)
+            pieces.append(_Atom(pos, piece_end, tokens, whole=False))
+            pos = piece_end
+            while pos < end and self.text[pos].isspace():
+                pos += 1
+        return pieces
+
+    def _fit(self, pos: int, cut: int, end: int) -> tuple[int, int]:
+        """The end of the piece starting at `pos` near `cut` that fits, and its token count."""
+        target = self.budget
+        while True:
+            piece_end = cut
+            if piece_end < end and not self.text[piece_end].isspace():
+                # Prefer ending at whitespace when there is some in the piece's second half.
+                space = _last_space(self.text, pos + (cut - pos) // 2, cut)
+                if space is not None:
+                    piece_end = space
+            while piece_end > pos and self.text[piece_end - 1].isspace():
+                piece_end -= 1
+            if piece_end <= pos:
+                raise ChunkingError(
+                    f"cannot fit any text at offset {pos} within {self.budget} tokens "
+                    f"(a single character needs more); raise the chunk budget"
+                )
+            tokens = self.count(pos, piece_end)
+            if tokens <= self.budget:
+                return piece_end, tokens
+            # Re-tokenizing the cut text merged differently: aim lower and try again.
+            target -= max(1, tokens - self.budget)
+            cut = pos + self.counter.prefix_end(self.text[pos:piece_end], max(target, 0))
+
+    # chunks
+
+    def pack(self, blocks: list[_Block]) -> list[tuple[int, int, int]]:
+        """`(char_start, char_end, token_count)` of each chunk."""
+        chunks: list[tuple[int, int, int]] = []
+        overlap: list[int] = []
+        overlap_tokens = 0
+        i = 0
+        while i < len(blocks):
+            taken, exact = self._fill(blocks, i, overlap, overlap_tokens)
+            if taken == 0:
+                if overlap:
+                    overlap, overlap_tokens = self._shrink_overlap(overlap)
+                else:  # one paragraph block whose estimate exceeds the budget
+                    self._explode(blocks, i)
+                continue
+            current = overlap + _atoms_of(blocks[i : i + taken])
+            tokens = exact if exact is not None else self.count(*self._span(current))
+            # Estimates add up counts of parts; the exact count of the joined text decides.
+            while tokens > self.budget and (taken > 1 or overlap):
+                if taken > 1:
+                    taken -= 1
+                else:
+                    overlap, overlap_tokens = self._shrink_overlap(overlap)
+                current = overlap + _atoms_of(blocks[i : i + taken])
+                tokens = self.count(*self._span(current))
+            if tokens > self.budget:
+                if len(blocks[i].atoms) == 1:  # counted alone when it was made: cannot happen
+                    raise ChunkingError(
+                        f"a unit at offset {self._atoms[current[0]].start} exceeds "
+                        f"{self.budget} tokens after splitting"
+                    )
+                self._explode(blocks, i)
+                continue
+            if taken > 1 and blocks[i + taken - 1].heading and i + taken < len(blocks):
+                # Do not end a chunk on a heading: it belongs to what follows.
+                taken -= 1
+                current = overlap + _atoms_of(blocks[i : i + taken])
+                tokens = self.count(*self._span(current))
+            chunks.append((*self._span(current), tokens))
+            overlap, overlap_tokens = self._overlap(current)
+            i += taken
+        return chunks
+
+    def _fill(
+        self, blocks: list[_Block], i: int, overlap: list[int], overlap_tokens: int
+    ) -> tuple[int, int | None]:
+        """How many blocks from `i` fit after `overlap` (greedy, by estimate), and the exact
+        count of that span when it was counted on the way (None otherwise)."""
+        last = overlap[-1] if overlap else None
+        estimate = overlap_tokens
+        verified = True  # `estimate` is the exact count of what is taken so far
+        j = i
+        while j < len(blocks):
+            block = blocks[j]
+            extra = block.tokens + (self.gap(last, block.atoms[0]) if last is not None else 0)
+            if estimate + extra > self.budget and last is not None and not verified:
+                first = overlap[0] if overlap else blocks[i].atoms[0]
+                estimate = self.count(self._atoms[first].start, self._atoms[last].end)
+                verified = True
+            if estimate + extra > self.budget:
+                break
+            estimate += extra
+            verified = False
+            last = block.atoms[-1]
+            j += 1
+        return j - i, (estimate if verified and j > i else None)
+
+    def _span(self, atoms: list[int]) -> tuple[int, int]:
+        return self._atoms[atoms[0]].start, self._atoms[atoms[-1]].end
+
+    def _explode(self, blocks: list[_Block], i: int) -> None:
+        blocks[i : i + 1] = [
+            _Block([a], self._atoms[a].tokens, self._atoms[a].heading) for a in blocks[i].atoms
+        ]
+
+    def _overlap(self, chunk: list[int]) -> tuple[list[int], int]:
+        """Trailing whole sentences of `chunk` (not its first) within the overlap budget."""
+        limit = self.config.effective_overlap_tokens
+        best: list[int] = []
+        best_tokens = 0
+        for k in range(len(chunk) - 1, 0, -1):
+            atom = self._atoms[chunk[k]]
+            if not atom.whole or atom.tokens > limit:
+                break
+            tokens = self.count(atom.start, self._atoms[chunk[-1]].end)
+            if tokens > limit:
+                break
+            best, best_tokens = chunk[k:], tokens
+        return best, best_tokens
+
+    def _shrink_overlap(self, overlap: list[int]) -> tuple[list[int], int]:
+        rest = overlap[1:]
+        return rest, (self.count(*self._span(rest)) if rest else 0)
+
+
+def _atoms_of(blocks: list[_Block]) -> list[int]:
+    return [a for block in blocks for a in block.atoms]
+
+
+def _trimmed(text: str, spans: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for start, end in spans:
+        piece = text[start:end]
+        lead = len(piece) - len(piece.lstrip())
+        stripped = piece.strip()
+        if stripped:
+            out.append((start + lead, start + lead + len(stripped)))
+    return out
+
+
+def _last_space(text: str, lo: int, hi: int) -> int | None:
+    for i in range(hi - 1, lo - 1, -1):
+        if text[i].isspace():
+            return i
+    return None
+
+
+# --- sections ------------------------------------------------------------------------------------
+
+
+class _SectionIndex:
+    """The heading path in force at an offset (h1 > h2 > ...)."""
+
+    def __init__(self, paragraphs: list[_Paragraph]) -> None:
+        self._starts: list[int] = []
+        self._paths: list[tuple[str, ...]] = []
+        stack: list[tuple[int, str]] = []
+        for p in paragraphs:
+            if p.kind != "heading" or not p.title:
+                continue
+            while stack and stack[-1][0] >= p.level:
+                stack.pop()
+            stack.append((p.level, p.title))
+            self._starts.append(p.start)
+            self._paths.append(tuple(title for _, title in stack))
+
+    def path_at(self, offset: int) -> tuple[str, ...]:
+        """Headings whose line starts at or before `offset`, outermost first."""
+        k = bisect.bisect_right(self._starts, offset)
+        return self._paths[k - 1] if k else ()

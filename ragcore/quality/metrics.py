@@ -1,0 +1,489 @@
+"""Ranking, abstention and latency metrics of one evaluation run (pure).
+
+Input: per query, what Retrieve returned (`QueryRun`: status, ranked entity ids, ranked chunk
+ids, latency). Output: per-query rows and aggregates (`EvalResult`).
+
+Definitions (k is a cut-off; `ranked` is the entity list de-duplicated keeping first occurrence;
+`rel(d)` is the judged grade of entity d, 0 when unjudged; R = the set of entities with grade >= 1):
+- recall@k      = |R ∩ ranked[:k]| / |R|
+- precision@k   = |R ∩ ranked[:k]| / k  (k, not len(ranked): returning fewer results is no bonus)
+- hit@k         = 1 if R ∩ ranked[:k] else 0   (HitRate@1 is hit@1)
+- mrr@k         = 1 / rank of the first entity of R within ranked[:k], else 0
+- ndcg@k        = DCG@k / IDCG@k with LINEAR gain: DCG@k = Σ_{i=1..k} rel(ranked[i]) / log2(i + 1),
+                  IDCG@k the DCG of the judged grades sorted descending. Linear gain is what
+                  trec_eval / pytrec_eval (and so published BEIR numbers) use, so BEIR runs are
+                  comparable; with binary judgments it equals exponential gain (2^rel - 1).
+- chunk_mrr@k   = 1 / rank of `expected_top_chunk` within the de-duplicated chunk list[:k], else 0,
+                  over queries that have an expected chunk.
+Ranking metrics are averaged over *answerable* queries only; an answerable query that abstained
+or failed counts with an empty ranking (all zeros) — failing must never raise a score.
+
+Abstention (positive class = "the system abstained", i.e. status NO_EVIDENCE):
+- abstention_precision = abstentions on unanswerable queries / all abstentions
+- abstention_recall    = unanswerable queries that abstained / all unanswerable queries
+A FAILED query is not an abstention (it is counted in `failed_rate`). A ratio with a zero
+denominator is None (undefined), never a made-up 0 or 1.
+
+Calibration of the evidence score (`QueryRun.scored`: every entity the pack scored, i.e. the
+results and the below-threshold exclusions, with its evidence score; an item is positive when its
+entity is judged grade >= `ANSWER_GRADE` for the query, or >= the query's best grade when that is
+lower (binary judgments such as BEIR qrels), so every item of an unanswerable query is negative):
+- ece       = Σ_b |B_b| / n · |observed positive rate in B_b - mean score in B_b| over
+              `CALIBRATION_BINS` equal-width bins of [0, 1], over all scored items;
+- ece_top1  = the same over each query's best-scored item only (what abstention decides on);
+- `reliability` gives the bins (count, mean score, observed rate) for the reliability plot.
+
+Latency percentiles use linear interpolation between closest ranks (numpy's default "linear"
+method, Excel's PERCENTILE.INC) over every query that reports a latency.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from ragcore.quality.dataset import EvalQuery, EvalSet, parse_chunk_id
+from ragcore.quality.errors import EvalError
+
+DEFAULT_KS: tuple[int, ...] = (1, 3, 5, 10)
+LATENCY_PERCENTILES: tuple[int, ...] = (50, 95, 99)
+#: Per-query ranking metric families; each is reported as "<family>@<k>".
+RANKING_FAMILIES: tuple[str, ...] = ("recall", "precision", "hit", "mrr", "ndcg")
+#: Judged grade from which a scored item counts as answering the query (calibration metrics).
+ANSWER_GRADE = 2
+CALIBRATION_BINS = 10
+
+
+class Status(StrEnum):
+    """Outcome of one Retrieve call (the evidence pack status, without the proto prefix)."""
+
+    SUCCESS = "SUCCESS"
+    NO_EVIDENCE = "NO_EVIDENCE"
+    FAILED = "FAILED"
+
+    @classmethod
+    def parse(cls, value: str) -> Status:
+        """Accept 'SUCCESS' or the proto enum name 'RETRIEVAL_STATUS_SUCCESS' (any case)."""
+        name = value.strip().upper().removeprefix("RETRIEVAL_STATUS_")
+        try:
+            return cls(name)
+        except ValueError:
+            raise ValueError(f"unknown retrieval status {value!r}") from None
+
+
+@dataclass(frozen=True)
+class QueryRun:
+    """What the system returned for one query: the runner's only input to the metrics.
+
+    `entity_ids` and `chunk_ids` are in rank order (best first) and may repeat; use
+    `from_chunk_ids` when only chunk ids are at hand. `latency_ms` is the client-side wall time.
+    `scored` holds (entity id, evidence score) of every entity the pack scored (results first,
+    then below-threshold exclusions), for the calibration metrics.
+    """
+
+    query_id: str
+    status: Status
+    entity_ids: tuple[str, ...] = ()
+    chunk_ids: tuple[str, ...] = ()
+    latency_ms: float | None = None
+    error_code: str | None = None
+    scored: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def from_chunk_ids(
+        cls,
+        query_id: str,
+        status: Status | str,
+        chunk_ids: Iterable[str],
+        *,
+        latency_ms: float | None = None,
+        error_code: str | None = None,
+    ) -> QueryRun:
+        """A run whose entity ranking is derived from `<entity_id>:chunk:<n>` chunk ids."""
+        chunks = tuple(chunk_ids)
+        return cls(
+            query_id=query_id,
+            status=status if isinstance(status, Status) else Status.parse(status),
+            entity_ids=tuple(parse_chunk_id(c)[0] for c in chunks),
+            chunk_ids=chunks,
+            latency_ms=latency_ms,
+            error_code=error_code,
+        )
+
+
+def dedup(ids: Iterable[str]) -> list[str]:
+    """`ids` without repeats, keeping each id's first (best) position."""
+    return list(dict.fromkeys(ids))
+
+
+# --- per-query metrics -----------------------------------------------------------------------
+
+
+def recall_at(ranked: Sequence[str], relevant: Mapping[str, int], k: int) -> float:
+    """|relevant ∩ ranked[:k]| / |relevant| (ranked already de-duplicated)."""
+    _check_k(k)
+    if not relevant:
+        raise ValueError("recall is undefined without relevant entities")
+    return sum(1 for d in ranked[:k] if relevant.get(d, 0) > 0) / len(relevant)
+
+
+def precision_at(ranked: Sequence[str], relevant: Mapping[str, int], k: int) -> float:
+    """|relevant ∩ ranked[:k]| / k (ranked already de-duplicated)."""
+    _check_k(k)
+    return sum(1 for d in ranked[:k] if relevant.get(d, 0) > 0) / k
+
+
+def hit_at(ranked: Sequence[str], relevant: Mapping[str, int], k: int) -> float:
+    """1.0 when some relevant entity is in ranked[:k], else 0.0."""
+    _check_k(k)
+    return 1.0 if any(relevant.get(d, 0) > 0 for d in ranked[:k]) else 0.0
+
+
+def reciprocal_rank_at(ranked: Sequence[str], targets: Container[str], k: int) -> float:
+    """1 / (1-based rank of the first target within ranked[:k]), 0.0 when none is there.
+
+    `targets` may be the `relevant` mapping (its keys: grades are >= 1) or a set of chunk ids.
+    """
+    _check_k(k)
+    for rank, item in enumerate(ranked[:k], start=1):
+        if item in targets:
+            return 1.0 / rank
+    return 0.0
+
+
+def dcg(gains: Sequence[int | float]) -> float:
+    """Σ_i gain_i / log2(i + 1), i 1-based (linear gain: the grade itself)."""
+    return sum(g / math.log2(i + 1) for i, g in enumerate(gains, start=1))
+
+
+def ndcg_at(ranked: Sequence[str], relevant: Mapping[str, int], k: int) -> float:
+    """DCG@k / IDCG@k with linear gains (see the module docstring)."""
+    _check_k(k)
+    ideal = dcg(sorted(relevant.values(), reverse=True)[:k])
+    if ideal <= 0:
+        raise ValueError("nDCG is undefined without relevant entities")
+    return dcg([relevant.get(d, 0) for d in ranked[:k]]) / ideal
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between closest ranks."""
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be in [0, 100], got {q}")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _check_k(k: int) -> None:
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+
+
+# --- rows and aggregates ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueryRow:
+    """Everything measured for one query (for diagnosis and significance tests)."""
+
+    query_id: str
+    kind: str
+    tenant: str
+    answerable: bool
+    status: Status
+    abstained: bool
+    latency_ms: float | None
+    returned: int  # distinct entities returned
+    first_relevant_rank: int | None  # 1-based, in the de-duplicated entity list; None if absent
+    expected_chunk_rank: int | None  # 1-based, None when absent or not judged
+    hard_negative_above_relevant: bool | None  # None when the query has no hard negatives
+    metrics: dict[str, float] = field(default_factory=dict)  # empty for unanswerable queries
+    top_entities: tuple[str, ...] = ()
+    #: (evidence score, 1 if the entity answers else 0) per scored entity, best-scored first
+    calibration: tuple[tuple[float, int], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form."""
+        return {
+            "query_id": self.query_id,
+            "kind": self.kind,
+            "tenant": self.tenant,
+            "answerable": self.answerable,
+            "status": self.status.value,
+            "abstained": self.abstained,
+            "latency_ms": self.latency_ms,
+            "returned": self.returned,
+            "first_relevant_rank": self.first_relevant_rank,
+            "expected_chunk_rank": self.expected_chunk_rank,
+            "hard_negative_above_relevant": self.hard_negative_above_relevant,
+            "metrics": dict(self.metrics),
+            "top_entities": list(self.top_entities),
+            "best_evidence": self.calibration[0][0] if self.calibration else None,
+        }
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Per-query rows plus aggregates, overall and per query kind."""
+
+    rows: tuple[QueryRow, ...]
+    aggregates: dict[str, float | None]
+    by_kind: dict[str, dict[str, float | None]]
+    ks: tuple[int, ...]
+
+    def row(self, query_id: str) -> QueryRow:
+        """The row of one query (KeyError when absent)."""
+        for row in self.rows:
+            if row.query_id == query_id:
+                return row
+        raise KeyError(query_id)
+
+    def metric_values(self, metric: str) -> dict[str, float]:
+        """query_id -> value of a per-query metric, over the rows that have it."""
+        return {r.query_id: r.metrics[metric] for r in self.rows if metric in r.metrics}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form."""
+        return {
+            "ks": list(self.ks),
+            "aggregates": dict(self.aggregates),
+            "by_kind": {kind: dict(values) for kind, values in self.by_kind.items()},
+            "rows": [row.to_dict() for row in self.rows],
+        }
+
+
+def evaluate_query(query: EvalQuery, run: QueryRun, ks: Sequence[int] = DEFAULT_KS) -> QueryRow:
+    """Score one query's run (see the module docstring for the definitions)."""
+    if run.query_id != query.query_id:
+        raise EvalError(f"run of {run.query_id!r} scored against query {query.query_id!r}")
+    succeeded = run.status is Status.SUCCESS
+    # Only a successful pack carries evidence; anything listed on NO_EVIDENCE/FAILED is ignored.
+    ranked = dedup(run.entity_ids) if succeeded else []
+    chunks = dedup(run.chunk_ids) if succeeded else []
+    relevant = query.relevant
+    metrics: dict[str, float] = {}
+    first_relevant: int | None = None
+    chunk_rank: int | None = None
+    if query.answerable:
+        for k in ks:
+            metrics[f"recall@{k}"] = recall_at(ranked, relevant, k)
+            metrics[f"precision@{k}"] = precision_at(ranked, relevant, k)
+            metrics[f"hit@{k}"] = hit_at(ranked, relevant, k)
+            metrics[f"mrr@{k}"] = reciprocal_rank_at(ranked, relevant, k)
+            metrics[f"ndcg@{k}"] = ndcg_at(ranked, relevant, k)
+        first_relevant = next(
+            (i for i, d in enumerate(ranked, start=1) if relevant.get(d, 0) > 0), None
+        )
+        if query.expected_top_chunk is not None:
+            for k in ks:
+                metrics[f"chunk_mrr@{k}"] = reciprocal_rank_at(
+                    chunks, {query.expected_top_chunk}, k
+                )
+            if query.expected_top_chunk in chunks:
+                chunk_rank = chunks.index(query.expected_top_chunk) + 1
+    negative_above: bool | None = None
+    if query.hard_negatives:
+        negatives = set(query.hard_negatives)
+        first_negative = next((i for i, d in enumerate(ranked, start=1) if d in negatives), None)
+        negative_above = first_negative is not None and (
+            first_relevant is None or first_negative < first_relevant
+        )
+    scored: dict[str, float] = {}
+    for entity_id, score in run.scored:
+        scored.setdefault(entity_id, score)
+    # binary judgments (BEIR qrels: grade 1 = relevant) count their relevant entities as answers
+    answer_grade = min(ANSWER_GRADE, max(relevant.values(), default=ANSWER_GRADE))
+    calibration = tuple(
+        sorted(
+            (
+                (score, 1 if relevant.get(e, 0) >= answer_grade else 0)
+                for e, score in scored.items()
+            ),
+            key=lambda item: -item[0],
+        )
+    )
+    return QueryRow(
+        query_id=query.query_id,
+        kind=query.kind.value,
+        tenant=query.tenant,
+        answerable=query.answerable,
+        status=run.status,
+        abstained=run.status is Status.NO_EVIDENCE,
+        latency_ms=run.latency_ms,
+        returned=len(ranked),
+        first_relevant_rank=first_relevant,
+        expected_chunk_rank=chunk_rank,
+        hard_negative_above_relevant=negative_above,
+        metrics=metrics,
+        top_entities=tuple(ranked[: max(ks)]),
+        calibration=calibration,
+    )
+
+
+def evaluate(
+    evalset: EvalSet | Sequence[EvalQuery],
+    runs: Mapping[str, QueryRun] | Iterable[QueryRun],
+    ks: Sequence[int] = DEFAULT_KS,
+) -> EvalResult:
+    """Score every query of the set; EvalError when runs are missing, unknown or repeated."""
+    queries = evalset.queries if isinstance(evalset, EvalSet) else tuple(evalset)
+    ks = tuple(sorted(set(ks)))
+    if not ks or ks[0] < 1:
+        raise EvalError(f"cut-offs must be >= 1, got {ks}")
+    by_id = _runs_by_id(runs)
+    known = {q.query_id for q in queries}
+    missing = [q.query_id for q in queries if q.query_id not in by_id]
+    unknown = sorted(set(by_id) - known)
+    if missing or unknown:
+        raise EvalError(f"runs do not match the queries: missing {missing}, unknown {unknown}")
+    rows = tuple(evaluate_query(q, by_id[q.query_id], ks) for q in queries)
+    by_kind = {
+        kind: aggregate([r for r in rows if r.kind == kind], ks)
+        for kind in sorted({r.kind for r in rows})
+    }
+    return EvalResult(rows=rows, aggregates=aggregate(rows, ks), by_kind=by_kind, ks=ks)
+
+
+def _runs_by_id(runs: Mapping[str, QueryRun] | Iterable[QueryRun]) -> dict[str, QueryRun]:
+    if isinstance(runs, Mapping):
+        for key, run in runs.items():
+            if key != run.query_id:
+                raise EvalError(f"run under key {key!r} is for query {run.query_id!r}")
+        return dict(runs)
+    by_id: dict[str, QueryRun] = {}
+    for run in runs:
+        if run.query_id in by_id:
+            raise EvalError(f"two runs for query {run.query_id!r}")
+        by_id[run.query_id] = run
+    return by_id
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _ratio(numerator: int, denominator: int) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+def aggregate(rows: Sequence[QueryRow], ks: Sequence[int] = DEFAULT_KS) -> dict[str, float | None]:
+    """Aggregate metrics of `rows` (ranking means over answerable rows; None when undefined)."""
+    answerable = [r for r in rows if r.answerable]
+    unanswerable = [r for r in rows if not r.answerable]
+    abstained = [r for r in rows if r.abstained]
+    out: dict[str, float | None] = {
+        "n_queries": float(len(rows)),
+        "n_answerable": float(len(answerable)),
+        "n_unanswerable": float(len(unanswerable)),
+    }
+    for family in RANKING_FAMILIES:
+        for k in ks:
+            name = f"{family}@{k}"
+            out[name] = _mean([r.metrics[name] for r in answerable])
+    with_chunk = [r for r in answerable if any(m.startswith("chunk_mrr@") for m in r.metrics)]
+    out["n_expected_chunk"] = float(len(with_chunk))
+    for k in ks:
+        out[f"chunk_mrr@{k}"] = _mean([r.metrics[f"chunk_mrr@{k}"] for r in with_chunk])
+    correct_abstentions = sum(1 for r in abstained if not r.answerable)
+    out["abstention_precision"] = _ratio(correct_abstentions, len(abstained))
+    out["abstention_recall"] = _ratio(correct_abstentions, len(unanswerable))
+    out["abstention_rate"] = _ratio(len(abstained), len(rows))
+    out["false_abstention_rate"] = _ratio(
+        sum(1 for r in answerable if r.abstained), len(answerable)
+    )
+    out["failed_rate"] = _ratio(sum(1 for r in rows if r.status is Status.FAILED), len(rows))
+    with_negatives = [r for r in rows if r.hard_negative_above_relevant is not None]
+    out["hard_negative_rate"] = _ratio(
+        sum(1 for r in with_negatives if r.hard_negative_above_relevant), len(with_negatives)
+    )
+    items = [item for r in rows for item in r.calibration]
+    out["n_scored"] = float(len(items))
+    out["ece"] = expected_calibration_error([p for p, _ in items], [y for _, y in items])
+    tops = [r.calibration[0] for r in rows if r.calibration]
+    out["ece_top1"] = expected_calibration_error([p for p, _ in tops], [y for _, y in tops])
+    latencies = [r.latency_ms for r in rows if r.latency_ms is not None]
+    for q in LATENCY_PERCENTILES:
+        out[f"latency_p{q}_ms"] = percentile(latencies, q) if latencies else None
+    out["latency_mean_ms"] = _mean(latencies)
+    out["latency_max_ms"] = max(latencies) if latencies else None
+    return out
+
+
+# --- calibration -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReliabilityBin:
+    """One bin of a reliability diagram: [low, high), its items, mean score, observed rate."""
+
+    low: float
+    high: float
+    count: int
+    mean_score: float | None
+    observed: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form."""
+        return {
+            "low": self.low,
+            "high": self.high,
+            "count": self.count,
+            "mean_score": self.mean_score,
+            "observed": self.observed,
+        }
+
+
+def reliability_bins(
+    scores: Sequence[float], labels: Sequence[float], bins: int = CALIBRATION_BINS
+) -> list[ReliabilityBin]:
+    """Equal-width bins of [0, 1] (the last one closed) with the items' mean score and observed
+    positive rate (None for an empty bin)."""
+    if len(scores) != len(labels):
+        raise ValueError("scores and labels differ in length")
+    if bins < 1:
+        raise ValueError(f"bins must be >= 1, got {bins}")
+    groups: list[list[tuple[float, float]]] = [[] for _ in range(bins)]
+    for score, label in zip(scores, labels, strict=True):
+        if not 0.0 <= score <= 1.0:
+            raise ValueError(f"a calibrated score must be within [0, 1], got {score}")
+        groups[min(int(score * bins), bins - 1)].append((score, float(label)))
+    out = []
+    for b, group in enumerate(groups):
+        n = len(group)
+        out.append(
+            ReliabilityBin(
+                low=b / bins,
+                high=(b + 1) / bins,
+                count=n,
+                mean_score=sum(s for s, _ in group) / n if n else None,
+                observed=sum(y for _, y in group) / n if n else None,
+            )
+        )
+    return out
+
+
+def expected_calibration_error(
+    scores: Sequence[float], labels: Sequence[float], bins: int = CALIBRATION_BINS
+) -> float | None:
+    """Σ_b |B_b| / n · |observed rate - mean score| over equal-width bins; None without items."""
+    if not scores:
+        return None
+    total = len(scores)
+    return sum(
+        b.count / total * abs((b.observed or 0.0) - (b.mean_score or 0.0))
+        for b in reliability_bins(scores, labels, bins)
+        if b.count
+    )
+
+
+def result_reliability(result: EvalResult, bins: int = CALIBRATION_BINS) -> list[ReliabilityBin]:
+    """The reliability bins of every scored item of a run."""
+    items = [item for r in result.rows for item in r.calibration]
+    return reliability_bins([p for p, _ in items], [y for _, y in items], bins)

@@ -1,0 +1,100 @@
+"""Service settings: pydantic-settings with the `RAGSTREAM_` prefix and `__` for nesting.
+
+Examples: `RAGSTREAM_KAFKA__BOOTSTRAP_SERVERS=kafka:9092`,
+`RAGSTREAM_STORE__BACKEND=qdrant`, `RAGSTREAM_STORE__URL=http://qdrant:6334`,
+`RAGSTREAM_EMBEDDER__KIND=openai`, `RAGSTREAM_EMBEDDER__API_KEY_FILE=/run/secrets/key`.
+Secrets are `SecretStr` (masked in `repr` and logs). The README's environment table lists
+every variable; `ragstream config` prints the effective settings with secrets masked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ragcore.embedders.local_onnx import LocalEmbedderConfig
+from ragcore.embedders.openai_http import OpenAIEmbedderConfig
+from ragcore.kafka_config import MASK, KafkaSettings, is_secret_key
+from ragcore.plan import PlanConfig
+from ragcore.prepare import ChunkingSettings
+
+EmbedderSettings = Annotated[
+    LocalEmbedderConfig | OpenAIEmbedderConfig, Field(discriminator="kind")
+]
+
+
+class StoreSettings(BaseModel):
+    """Where vectors live: qdrant-edge shards on disk (embedded) or a Qdrant server."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: Literal["edge", "qdrant"] = "edge"
+    data_dir: Path = Field(
+        default=Path("data/store"), description="edge: shards and the index registry."
+    )
+    url: str | None = Field(default=None, description="qdrant: e.g. http://qdrant:6333.")
+    api_key: SecretStr | None = None
+    prefer_grpc: bool = True
+    timeout_s: float = Field(default=10.0, gt=0)
+
+
+class SorSettings(BaseModel):
+    """The system of record Retrieve verifies against and ingest re-reads from. Its tables
+    are the mapped ones (`plan.tables`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["none", "postgres", "sqlite"] = "none"
+    dsn: SecretStr | None = Field(default=None, description="postgres: libpq DSN (masked).")
+    sqlite_path: Path | None = None
+
+
+class ServiceSettings(BaseSettings):
+    """What both services read from their environment (`RAGSTREAM_` prefix, `__` nesting): the
+    broker, the table mapping, chunking, the embedder(s), the store, the SoR and the metrics
+    endpoint. `streams.settings.IngestSettings` and `retrieval_api.settings.RetrieveSettings`
+    add their own."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RAGSTREAM_", env_nested_delimiter="__", extra="ignore", frozen=True
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    plan: PlanConfig = Field(default_factory=PlanConfig)
+    chunking: ChunkingSettings = Field(default_factory=ChunkingSettings)
+    embedder: EmbedderSettings = Field(default_factory=LocalEmbedderConfig)
+    next_embedder: EmbedderSettings | None = Field(
+        default=None,
+        description=(
+            "During a model change: the other model. `ragstream reindex --model` builds with "
+            "it, the worker also writes live changes to versions built with it, and Retrieve "
+            "can search versions built with either."
+        ),
+    )
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    sor: SorSettings = Field(default_factory=SorSettings)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+
+
+def masked(value: Any) -> Any:
+    """A JSON-ready settings dump with every secret masked: `SecretStr` fields (pydantic dumps
+    them masked) and any text under a secret-looking key (librdkafka properties in
+    `kafka.extra`, header maps...)."""
+    if isinstance(value, dict):
+        return {
+            k: MASK if isinstance(v, str) and is_secret_key(k) else masked(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [masked(v) for v in value]
+    return value
+
+
+def settings_report(settings: BaseModel) -> dict[str, Any]:
+    """The effective settings as JSON, secrets masked (`ragstream config`)."""
+    report: dict[str, Any] = masked(settings.model_dump(mode="json"))
+    return report

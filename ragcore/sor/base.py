@@ -1,0 +1,226 @@
+"""The SoR port and the SQL both readers share.
+
+One batched query per table and call (never one per id): Retrieve verifies all hits of a
+request with `verify`, the worker re-reads TOAST-placeholder rows with `fetch_entities`, reindex
+and reconcile stream a tenant with `scan`. Every table is read through its `TableMapping` (the
+same one ingest maps change events with), so what Retrieve compares is what ingest indexed. An
+entity id names its table (`<table>:<key>`): ids of tables the reader has no mapping for are
+reported as unmapped, never as missing, so nothing acts on a table it cannot see.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ragcore.errors import ConfigError, MappingError
+from ragcore.mapping import RowView, TableCatalog, TableMapping, version_of
+from ragcore.plan import ContentHasher, build_entity
+from schemas.entities import Entity, EntityVersion
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True, slots=True)
+class SorVerdict:
+    """What the SoR says about one entity right now.
+
+    `mapped` is False when the entity's table is not one the reader can read (not configured,
+    or the table cannot be queried): such an entity is neither confirmed nor denied.
+    """
+
+    entity_id: str
+    exists: bool
+    deleted: bool = False
+    content_hash: str | None = None
+    entity_type: str | None = None
+    mapped: bool = True
+
+
+class SystemOfRecord(Protocol):
+    """Read access to the SoR tables that feed the index."""
+
+    @property
+    def catalog(self) -> TableCatalog:
+        """The tables this reader reads."""
+        ...
+
+    def verify(self, tenant_id: str, entity_ids: Sequence[str]) -> dict[str, SorVerdict]:
+        """Existence, soft deletion and content hash of each id, one query per table."""
+        ...
+
+    def fetch_entities(self, tenant_id: str | None, entity_ids: Sequence[str]) -> dict[str, Entity]:
+        """The live (not soft-deleted) entities among `entity_ids`, as ingest would map them.
+        Ids of unmapped tables are left out."""
+        ...
+
+    def scan(self, tenant_id: str, batch: int = 500, table: str | None = None) -> Iterator[Entity]:
+        """Every live entity of the tenant (of one table, by its name, or of all tables in
+        catalog order), in key order per table, `batch` rows per round trip."""
+        ...
+
+    def count(self, tenant_id: str, table: str | None = None) -> int:
+        """How many live entities the tenant has (progress of a reindex)."""
+        ...
+
+    def check(self) -> None:
+        """Raise when the SoR is unreachable (health checks, startup)."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+def quote_ident(name: str) -> str:
+    """Quote a configured identifier after checking it is a plain one (no injection)."""
+    if not _IDENT.match(name):
+        raise ConfigError(f"not a plain SQL identifier: {name!r}")
+    return f'"{name}"'
+
+
+class SqlShape:
+    """SQL text for one mapped table, with a driver-specific placeholder.
+
+    `qualified=False` drops the schema (SQLite has none).
+    """
+
+    def __init__(self, mapping: TableMapping, placeholder: str, *, qualified: bool = True) -> None:
+        parts = mapping.table.split(".") if qualified else [mapping.table_name]
+        self.table = ".".join(quote_ident(p) for p in parts)
+        self.mapping = mapping
+        self.ph = placeholder
+        self.columns = mapping.columns()
+        self.select_list = ", ".join(quote_ident(c) for c in self.columns)
+        self._keys = [quote_ident(c) for c in mapping.key_columns]
+
+    def _key_expr(self) -> str:
+        return self._keys[0] if len(self._keys) == 1 else f"({', '.join(self._keys)})"
+
+    def _key_marks(self) -> str:
+        marks = ", ".join([self.ph] * len(self._keys))
+        return marks if len(self._keys) == 1 else f"({marks})"
+
+    def _tenant_clause(self) -> str:
+        column = self.mapping.tenant_column
+        return "" if column is None else f" AND {quote_ident(column)} = {self.ph}"
+
+    def _live_clause(self) -> str:
+        column = self.mapping.deleted_at_column
+        return "" if column is None else f" AND {quote_ident(column)} IS NULL"
+
+    def tenant_params(self, tenant_id: str) -> list[Any]:
+        """The parameter of the tenant clause (none for a constant-tenant table)."""
+        return [] if self.mapping.tenant_column is None else [tenant_id]
+
+    def by_keys(self, n: int, with_tenant: bool) -> str:
+        """SELECT the mapped columns of `n` keys (optionally within one tenant)."""
+        marks = ", ".join([self._key_marks()] * n)
+        where = f"{self._key_expr()} IN ({marks})"
+        if with_tenant:
+            where += self._tenant_clause()
+        return f"SELECT {self.select_list} FROM {self.table} WHERE {where}"
+
+    def count_live(self) -> str:
+        """SELECT the number of a tenant's live rows (column `n`)."""
+        where = "1 = 1" + self._tenant_clause() + self._live_clause()
+        return f"SELECT COUNT(*) AS n FROM {self.table} WHERE {where}"
+
+    def scan_page(self, with_cursor: bool) -> str:
+        """One keyset page of a tenant's live rows, in key order."""
+        where = "1 = 1" + self._tenant_clause() + self._live_clause()
+        if with_cursor:
+            where += f" AND {self._key_expr()} > {self._key_marks()}"
+        return (
+            f"SELECT {self.select_list} FROM {self.table} WHERE {where} "
+            f"ORDER BY {', '.join(self._keys)} LIMIT {self.ph}"
+        )
+
+
+def group_by_table(
+    catalog: TableCatalog, entity_ids: Sequence[str]
+) -> tuple[dict[str, tuple[TableMapping, list[tuple[str, ...]], list[str]]], list[str]]:
+    """Split entity ids by table: label -> (mapping, keys, ids), and the ids of no mapped
+    table (or not well formed for theirs)."""
+    groups: dict[str, tuple[TableMapping, list[tuple[str, ...]], list[str]]] = {}
+    unmapped: list[str] = []
+    for entity_id in dict.fromkeys(entity_ids):
+        mapping = catalog.for_entity(entity_id)
+        if mapping is None:
+            unmapped.append(entity_id)
+            continue
+        try:
+            key = mapping.key_of(entity_id)
+        except MappingError:
+            unmapped.append(entity_id)
+            continue
+        _, keys, ids = groups.setdefault(mapping.label, (mapping, [], []))
+        keys.append(key)
+        ids.append(entity_id)
+    return groups, unmapped
+
+
+def row_to_verdict(
+    row: Mapping[str, Any], mapping: TableMapping, hasher: ContentHasher, where: str
+) -> SorVerdict:
+    """Turn a selected row into a verdict, computing the hash when the table has none."""
+    view = RowView(row, where)
+    entity_id = mapping.row_entity_id(view)
+    deleted = (
+        mapping.deleted_at_column is not None and row.get(mapping.deleted_at_column) is not None
+    )
+    if mapping.content_hash_column is not None and row.get(mapping.content_hash_column):
+        content_hash: str | None = str(row[mapping.content_hash_column]).strip().lower()
+    else:
+        entity = row_to_entity(row, mapping, hasher, where)
+        content_hash = entity.content_hash
+    return SorVerdict(
+        entity_id=entity_id,
+        exists=True,
+        deleted=deleted,
+        content_hash=content_hash,
+        entity_type=view.optional_text(mapping.type_column) or mapping.entity_type_default,
+    )
+
+
+def row_to_entity(
+    row: Mapping[str, Any],
+    mapping: TableMapping,
+    hasher: ContentHasher,
+    where: str,
+) -> Entity:
+    """Map a selected row exactly as ingest maps a change event's `after`."""
+    view = RowView(row, where)
+    version: EntityVersion = version_of(view, mapping, lsn=None, snapshot=False)
+    return build_entity(
+        view,
+        mapping,
+        tenant_id=mapping.row_tenant(view),
+        entity_id=mapping.row_entity_id(view),
+        version=version,
+        hasher=hasher,
+        where=where,
+    )
+
+
+def missing_verdicts(ids: Sequence[str], *, mapped: bool) -> dict[str, SorVerdict]:
+    """Verdicts for ids the SoR does not hold (`mapped`) or cannot tell about (not mapped)."""
+    return {i: SorVerdict(entity_id=i, exists=False, mapped=mapped) for i in ids}
+
+
+def tables_of(catalog: TableCatalog, table: str | None) -> list[TableMapping]:
+    """One table by name, or all of them."""
+    if table is None:
+        return list(catalog)
+    found = catalog.by_label(table)
+    if found is None:
+        raise ConfigError(f"no mapped table named {table!r}")
+    return [found]
+
+
+def per_tenant(mappings: Sequence[TableMapping], tenant_id: str) -> list[TableMapping]:
+    """The tables that can hold rows of `tenant_id` (a constant-tenant table holds only its
+    own tenant's)."""
+    return [m for m in mappings if m.tenant is None or m.tenant == tenant_id]

@@ -1,0 +1,411 @@
+"""BM25 for the lexical channel: tokenizer, engine sparse vectors, and exact per-index scoring.
+
+Two halves, one tokenizer:
+
+- *Engine vectors* (`Bm25Encoder`). Documents carry BM25's term-frequency part,
+  `tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / avgdl))`, with the configured constant `avgdl`
+  (the corpus is not known when a chunk is written); the engine multiplies by IDF at query time
+  (sparse vector with `Modifier.IDF`), so the collection's statistics stay current without
+  re-encoding. Queries are the unique tokens with weight 1. These vectors *generate candidates*.
+- *Exact scoring* (`LexiconStats`, `Bm25Scorer`). Retrieve re-scores every candidate with Okapi
+  BM25 computed from the chunk text and the index's own statistics: the number of chunks, their
+  average length (per index, not a constant) and each token's document frequency, collected
+  from the index by `LexiconStats.build` (at calibration time, stored with the index). The
+  same pass gives the per-query normalisation (the score divided by the query's summed IDF),
+  the IDF-weighted query-term coverage and the identifier matches that the evidence score uses.
+
+Tokens map to indices through a stable 31-bit hash (blake2b), never Python's salted `hash()`:
+the same token must get the same index in every process, forever. Changing the tokenizer or the
+hash re-keys an index, so `Bm25Encoder.model_version` goes into every index manifest (an index
+built with another version is refused with MANIFEST_MISMATCH rather than silently mixed).
+
+Tokenization keeps identifiers whole *and* split: `E-1042` gives `e-1042`, `e`, `1042`;
+`ERR_TIMEOUT` gives `err_timeout`, `err`, `timeout`; `v2.3.1` gives `v2.3.1`, `v2`, `3`, `1`.
+So an exact identifier query matches exactly, and a query for one part still matches. Words and
+the parts of identifiers are reduced to their Snowball stem (PyStemmer, English by default:
+`bearings` -> `bear`, `refunded` -> `refund`); a whole identifier is never stemmed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import re
+import threading
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import Stemmer  # type: ignore[import-not-found]
+from numpy.typing import NDArray
+
+from ragcore.store.base import SparseVector
+
+#: Bump when tokenization or hashing changes: it is part of `Bm25Encoder.model_version`.
+#: 2: Snowball stemming of words and identifier parts.
+TOKENIZER_VERSION = 2
+
+# A word, optionally joined to more words by - _ . / : (identifiers, versions, paths).
+_COMPOUND = re.compile(r"\w+(?:[-./:]\w+)*")
+_SEPARATORS = re.compile(r"[-_./:]+")
+_INNER_SEPARATOR = re.compile(r"\w[_.:]\w")
+# a number with a unit or suffix: 30-day, 24h, 5kg, 2nd, 10am (quantities, not identifiers)
+_NUMBER_UNIT = re.compile(r"^\d+(?:[.,]\d+)?-?[^\W\d_]+$")
+
+_ENGLISH_STOPWORDS_TEXT = """
+    a about above after again against all am an and any are as at be because been before
+    being below between both but by can could did do does doing down during each few for from
+    further had has have having he her here hers herself him himself his how i if in into is it
+    its itself just me more most my myself no nor not now of off on once only or other our ours
+    ourselves out over own same she should so some such than that the their theirs them
+    themselves then there these they this those through to too under until up very was we were
+    what when where which while who whom why will with would you your yours yourself
+    yourselves"""
+
+#: A small English stopword list (articles, pronouns, auxiliaries, common prepositions).
+ENGLISH_STOPWORDS: frozenset[str] = frozenset(_ENGLISH_STOPWORDS_TEXT.split())
+
+
+def token_index(token: str) -> int:
+    """The sparse index of a token: the first 31 bits of its blake2b digest."""
+    digest = hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF
+
+
+def is_identifier(word: str) -> bool:
+    """True for an identifier-like surface word (case preserved), e.g. an error code, ticket or
+    part number, SKU, version or configuration key.
+
+    Identifier-like: letters and digits mixed (`E-2113`, `v2`, `GX-PMP-4200`, `INC-2291`) except
+    a number with a unit or suffix (`30-day`, `24h`, `2nd`); an inner `_ . :` between word
+    characters (`ERR_TIMEOUT`, `auth.saml.allowed_clock_skew_seconds`) unless every part is one
+    character (`e.g`) or there is no letter (`0.67`, `12:30`); an upper-case hyphenated code
+    (`ACM-TEAM-ANNUAL`). Plain words, acronyms (`SAML`), numbers, units (`mm/s`) and hyphenated
+    words (`sign-in`, `Retry-After`) are not.
+    """
+    has_digit = any(c.isdigit() for c in word)
+    has_alpha = any(c.isalpha() for c in word)
+    if has_digit and has_alpha:
+        return _NUMBER_UNIT.match(word) is None
+    if _INNER_SEPARATOR.search(word) and has_alpha:
+        return any(len(part) > 1 for part in _SEPARATORS.split(word))
+    return "-" in word and has_alpha and word.upper() == word and len(word) >= 5
+
+
+@dataclass(frozen=True, slots=True)
+class Bm25Config:
+    """Tokenization and BM25 parameters (k1=1.2, b=0.75; `avgdl` is the engine vectors'
+    constant, 256 as in Qdrant: exact scoring uses the index's own average)."""
+
+    k1: float = 1.2
+    b: float = 0.75
+    avgdl: float = 256.0
+    stopwords: frozenset[str] = field(default=ENGLISH_STOPWORDS)
+    max_token_len: int = 64
+    #: Snowball stemmer language (PyStemmer), or None for no stemming.
+    stemmer: str | None = "english"
+
+    def __post_init__(self) -> None:
+        if self.k1 < 0:
+            raise ValueError(f"k1 must be >= 0, got {self.k1}")
+        if not 0.0 <= self.b <= 1.0:
+            raise ValueError(f"b must be within [0, 1], got {self.b}")
+        if not self.avgdl > 0:
+            raise ValueError(f"avgdl must be > 0, got {self.avgdl}")
+        if self.max_token_len < 1:
+            raise ValueError(f"max_token_len must be >= 1, got {self.max_token_len}")
+        if self.stemmer is not None and self.stemmer not in Stemmer.algorithms():
+            raise ValueError(f"unknown Snowball stemmer {self.stemmer!r}")
+
+
+def bm25_weight(tf: float, doc_len: float, config: Bm25Config, avgdl: float | None = None) -> float:
+    """BM25's term-frequency saturation (without IDF) for one term of a document, with the
+    config's constant `avgdl` unless another average is given."""
+    norm = 1.0 - config.b + config.b * doc_len / (avgdl or config.avgdl)
+    return tf * (config.k1 + 1.0) / (tf + config.k1 * norm)
+
+
+class _Stems:
+    """Snowball stems with a shared cache; PyStemmer objects are not thread-safe, so each
+    thread gets its own."""
+
+    def __init__(self, language: str) -> None:
+        self._language = language
+        self._local = threading.local()
+        self.stem = lru_cache(maxsize=200_000)(self._stem)
+
+    def _stem(self, word: str) -> str:
+        stemmer = getattr(self._local, "stemmer", None)
+        if stemmer is None:
+            stemmer = Stemmer.Stemmer(self._language)
+            self._local.stemmer = stemmer
+        stem: str = stemmer.stemWord(word)
+        return stem
+
+
+_STEMS: dict[str, _Stems] = {}
+_STEMS_LOCK = threading.Lock()
+
+
+def _stems(language: str) -> _Stems:
+    with _STEMS_LOCK:
+        found = _STEMS.get(language)
+        if found is None:
+            found = _STEMS[language] = _Stems(language)
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class Word:
+    """One surface word of a text: its tokens (the whole word first) and whether it is an
+    identifier (see `is_identifier`)."""
+
+    tokens: tuple[str, ...]
+    identifier: bool
+
+
+class Bm25Encoder:
+    """Tokenizes text and encodes documents and queries as sparse vectors."""
+
+    def __init__(self, config: Bm25Config | None = None) -> None:
+        """Use `config` (defaults when None)."""
+        self.config = config or Bm25Config()
+        self._stem = _stems(self.config.stemmer).stem if self.config.stemmer else None
+        self._counts = lru_cache(maxsize=4096)(self._count)
+
+    @property
+    def model_version(self) -> str:
+        """Identity of the encoding, recorded in index manifests (a mismatch re-keys terms)."""
+        c = self.config
+        stop = "en" if c.stopwords == ENGLISH_STOPWORDS else f"custom{len(c.stopwords)}"
+        return (
+            f"ragstream-bm25@{TOKENIZER_VERSION};k1={c.k1:g};b={c.b:g};avgdl={c.avgdl:g};"
+            f"stop={stop};stem={c.stemmer or 'none'};max={c.max_token_len}"
+        )
+
+    def _norm(self, token: str) -> str:
+        if self._stem is None or not token.isalpha():
+            return token
+        return self._stem(token)
+
+    def surface(self, text: str, *, identifiers: bool = True) -> list[Word]:
+        """Surface words with their tokens: [whole, part, part...], stemmed (a whole identifier
+        never is). Stopwords are dropped when they stand alone; parts of an identifier are
+        always kept. `identifiers=False` skips the identifier test (`Word.identifier` False)."""
+        out: list[Word] = []
+        limit = self.config.max_token_len
+        for match in _COMPOUND.finditer(text):
+            original = match.group()
+            word = original.lower()
+            parts = [p for p in _SEPARATORS.split(word) if p]
+            if len(parts) == 1 and word == parts[0]:
+                if word in self.config.stopwords:
+                    continue
+                tokens = [self._norm(word)]
+            else:
+                tokens = [word, *(self._norm(p) for p in parts)]
+            tokens = [t for t in tokens if len(t) <= limit]
+            if tokens:
+                out.append(Word(tuple(tokens), identifiers and is_identifier(original)))
+        return out
+
+    def counts(self, text: str) -> tuple[Counter[str], int]:
+        """Token counts and surface length of a text (cached: Retrieve scores the same chunks
+        again and again; treat the Counter as read-only)."""
+        return self._counts(text)
+
+    def _count(self, text: str) -> tuple[Counter[str], int]:
+        words = self.surface(text, identifiers=False)
+        return Counter(t for w in words for t in w.tokens), len(words)
+
+    def words(self, text: str) -> list[list[str]]:
+        """Surface words (lowercased, stemmed), each with its derived tokens: [whole, part...]."""
+        return [list(w.tokens) for w in self.surface(text)]
+
+    def tokenize(self, text: str) -> list[str]:
+        """Every token of `text` in order (identifiers followed by their parts)."""
+        return [token for word in self.surface(text) for token in word.tokens]
+
+    def identifiers(self, text: str) -> list[str]:
+        """The identifier-like words of `text` as tokens (lowercased, unique, in order)."""
+        return list(dict.fromkeys(w.tokens[0] for w in self.surface(text) if w.identifier))
+
+    def encode_document(self, text: str) -> SparseVector:
+        """BM25 document weights; the document length is its number of surface words."""
+        words = self.surface(text, identifiers=False)
+        if not words:
+            return SparseVector((), ())
+        counts: Counter[int] = Counter(token_index(t) for word in words for t in word.tokens)
+        doc_len = float(len(words))
+        return SparseVector.from_mapping(
+            {index: bm25_weight(tf, doc_len, self.config) for index, tf in counts.items()}
+        )
+
+    def encode_query(self, text: str) -> SparseVector:
+        """Unique tokens with weight 1 (the engine applies IDF)."""
+        return SparseVector.from_mapping({token_index(t): 1.0 for t in self.tokenize(text)})
+
+    def encode_tokens(self, tokens: Iterable[str]) -> SparseVector:
+        """A query vector of exactly these tokens (weight 1), e.g. one identifier alone."""
+        return SparseVector.from_mapping({token_index(t): 1.0 for t in tokens})
+
+
+def idf(n_docs: int, doc_freq: int) -> float:
+    """BM25's IDF as Qdrant's IDF modifier computes it: ln(1 + (N - n + 0.5) / (n + 0.5))."""
+    return math.log(1.0 + (n_docs - doc_freq + 0.5) / (doc_freq + 0.5))
+
+
+def _pack(array: NDArray[np.uint32]) -> str:
+    return base64.b64encode(zlib.compress(array.astype("<u4").tobytes(), 6)).decode("ascii")
+
+
+def _unpack(text: str) -> NDArray[np.uint32]:
+    raw = zlib.decompress(base64.b64decode(text.encode("ascii")))
+    return np.frombuffer(raw, dtype="<u4").astype(np.uint32)
+
+
+@dataclass(frozen=True)
+class LexiconStats:
+    """One index's lexical statistics: chunks, their average length (surface words) and the
+    document frequency of every token (by token index)."""
+
+    n_docs: int
+    avgdl: float
+    token_ids: NDArray[np.uint32]  # sorted, unique
+    doc_freqs: NDArray[np.uint32]  # aligned with token_ids
+    encoder_version: str
+
+    def __post_init__(self) -> None:
+        if self.n_docs < 0 or not math.isfinite(self.avgdl) or self.avgdl < 0:
+            raise ValueError("lexicon stats: n_docs and avgdl must be >= 0")
+        if self.token_ids.shape != self.doc_freqs.shape:
+            raise ValueError("lexicon stats: token ids and frequencies differ in length")
+
+    @classmethod
+    def build(cls, texts: Iterable[str], encoder: Bm25Encoder) -> LexiconStats:
+        """Count chunks, surface words and document frequencies over `texts`."""
+        freqs: Counter[int] = Counter()
+        n_docs = 0
+        words = 0
+        for text in texts:
+            surface = encoder.surface(text, identifiers=False)
+            n_docs += 1
+            words += len(surface)
+            freqs.update({token_index(t) for w in surface for t in w.tokens})
+        ids = np.fromiter(sorted(freqs), dtype=np.uint32, count=len(freqs))
+        dfs = np.fromiter((freqs[int(i)] for i in ids), dtype=np.uint32, count=len(ids))
+        avgdl = words / n_docs if n_docs else 0.0
+        return cls(n_docs, avgdl, ids, dfs, encoder.model_version)
+
+    def doc_freq(self, token: str) -> int:
+        """Chunks containing `token` (0 when it occurs nowhere)."""
+        index = token_index(token)
+        at = int(np.searchsorted(self.token_ids, index))
+        if at < len(self.token_ids) and int(self.token_ids[at]) == index:
+            return int(self.doc_freqs[at])
+        return 0
+
+    def idf(self, token: str) -> float:
+        """BM25 IDF of `token` in this index (`idf`, with the index's counts)."""
+        return idf(self.n_docs, min(self.doc_freq(token), self.n_docs))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (frequency arrays zlib-compressed, base64)."""
+        return {
+            "n_docs": self.n_docs,
+            "avgdl": self.avgdl,
+            "encoder_version": self.encoder_version,
+            "tokens": len(self.token_ids),
+            "token_ids": _pack(self.token_ids),
+            "doc_freqs": _pack(self.doc_freqs),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LexiconStats:
+        """Inverse of `to_dict`; ValueError when the data is inconsistent."""
+        ids = _unpack(str(data["token_ids"]))
+        dfs = _unpack(str(data["doc_freqs"]))
+        if len(ids) != int(data["tokens"]):
+            raise ValueError("lexicon stats: token count does not match the arrays")
+        return cls(
+            int(data["n_docs"]), float(data["avgdl"]), ids, dfs, str(data["encoder_version"])
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LexicalMatch:
+    """Exact BM25 of one chunk for one query, and what of the query it contains."""
+
+    score: float  # Okapi BM25 with the index's avgdl and IDF
+    normalized: float  # score / the query's summed IDF (1 ~ every term once, average length)
+    coverage: float  # IDF-weighted share of the query's tokens found in the chunk
+    identifiers: tuple[str, ...]  # the query's identifiers found whole in the chunk
+
+
+@dataclass(frozen=True, slots=True)
+class LexicalQuery:
+    """A query as the exact scorer sees it."""
+
+    tokens: tuple[str, ...]  # unique tokens
+    idf: tuple[float, ...]  # aligned with tokens
+    identifiers: tuple[str, ...]  # identifier-like words (whole tokens)
+    unknown_identifiers: tuple[str, ...]  # identifiers that occur in no chunk of the index
+    missing_share: float  # IDF-weighted share of tokens that occur in no chunk
+
+    @property
+    def idf_sum(self) -> float:
+        """Summed IDF of the query's tokens."""
+        return sum(self.idf)
+
+
+class Bm25Scorer:
+    """Exact Okapi BM25 of chunk texts with one index's `LexiconStats` (pure)."""
+
+    def __init__(self, encoder: Bm25Encoder, stats: LexiconStats) -> None:
+        """Score with `encoder`'s tokenizer and parameters over `stats`."""
+        if stats.encoder_version != encoder.model_version:
+            raise ValueError(
+                f"lexicon stats were counted with {stats.encoder_version!r}, the encoder is "
+                f"{encoder.model_version!r}"
+            )
+        self.encoder = encoder
+        self.stats = stats
+
+    def query(self, text: str) -> LexicalQuery:
+        """Tokens, IDFs and identifiers of a query."""
+        tokens = tuple(dict.fromkeys(self.encoder.tokenize(text)))
+        idfs = tuple(self.stats.idf(t) for t in tokens)
+        ids = tuple(self.encoder.identifiers(text))
+        unknown = tuple(t for t in ids if self.stats.doc_freq(t) == 0)
+        total = sum(idfs)
+        missing = sum(w for t, w in zip(tokens, idfs, strict=True) if self.stats.doc_freq(t) == 0)
+        return LexicalQuery(tokens, idfs, ids, unknown, missing / total if total > 0 else 0.0)
+
+    def match(self, query: LexicalQuery, text: str) -> LexicalMatch:
+        """BM25, normalised BM25, coverage and identifier matches of one chunk text."""
+        counts, length = self.encoder.counts(text)
+        config = self.encoder.config
+        avgdl = self.stats.avgdl if self.stats.avgdl > 0 else config.avgdl
+        score = covered = 0.0
+        for token, weight in zip(query.tokens, query.idf, strict=True):
+            tf = counts.get(token, 0)
+            if tf:
+                score += weight * bm25_weight(tf, float(length), config, avgdl)
+                covered += weight
+        total = query.idf_sum
+        found = tuple(t for t in query.identifiers if t in counts)
+        return LexicalMatch(
+            score=score,
+            normalized=score / total if total > 0 else 0.0,
+            coverage=covered / total if total > 0 else 0.0,
+            identifiers=found,
+        )
+
+    def match_all(self, query: LexicalQuery, texts: Sequence[str]) -> list[LexicalMatch]:
+        """`match` of every text, in order."""
+        return [self.match(query, text) for text in texts]

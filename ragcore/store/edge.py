@@ -1,0 +1,550 @@
+"""`VectorStore` on qdrant-edge: the Qdrant engine embedded in this process (the default).
+
+Layout: one shard directory per collection, `<data_dir>/collections/<name>/`.
+
+Single opener: a shard directory can be opened by one opener only (a second `EdgeShard.load`
+fails on the WAL lock, even in the same process). So every `EdgeStore` on the same data dir in
+one process shares a process-wide runtime that opens each shard once and keeps it open until the
+last of those stores is closed. Consequence for deployments: in embedded mode the ingest worker
+and the Retrieve server must run in the *same process*; a second process on the same data dir
+gets a StoreError naming the lock. Use a Qdrant server (`qdrant_remote`) to split them.
+
+Concurrency: the engine serves concurrent reads and writes; writes to one shard are serialized
+by a per-shard lock so batches apply in call order. `optimize()` does not take that lock (it can
+run for minutes and the engine keeps accepting writes meanwhile).
+
+Indexing: qdrant-edge has no background optimizer. Points land in an appendable segment that is
+searched by brute force until `optimize(name)` builds HNSW and payload-indexed segments; call it
+after bulk loads and periodically while streaming (it is a no-op below the engine's indexing
+threshold, about 10 MB of vectors).
+
+Writes are applied synchronously (WAL + segment) before `update` returns, so `wait` needs no
+handling here: every write behaves as `wait=True`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import qdrant_edge as qe
+
+from ragcore.errors import StoreError
+from ragcore.store.base import (
+    DENSE_VECTOR,
+    ENTITY_ID,
+    SPARSE_VECTOR,
+    TENANT_ID,
+    ChunkRef,
+    DenseVector,
+    HybridResult,
+    PayloadSchema,
+    PointRecord,
+    ScoredHit,
+    SparseVector,
+    StoredPoint,
+    StoreFilter,
+    check_payload_update,
+    check_tenant,
+    chunk_manifest,
+    datetime_bounds,
+    numeric_bounds,
+    payload_selection,
+    split_engine_vectors,
+)
+from ragcore.store.ids import validate_collection_name, validate_tenant
+
+T = TypeVar("T")
+
+_CONFIG_FILE = "edge_config.json"
+
+
+def _vendor(what: str, fn: Callable[[], T]) -> T:
+    """Run a qdrant-edge call, translating its (untyped) exceptions into StoreError."""
+    try:
+        return fn()
+    except StoreError:
+        raise
+    except Exception as exc:  # qdrant-edge raises bare `Exception` for every engine error
+        message = str(exc)
+        if "failed to open WAL" in message:
+            message += (
+                " (the shard is open elsewhere: in embedded mode only one process may open a"
+                " data dir; run worker and server in one process or use a Qdrant server)"
+            )
+        raise StoreError(f"qdrant-edge {what}: {message}") from exc
+
+
+@dataclass
+class _Shard:
+    shard: qe.EdgeShard
+    path: Path
+    write_lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class _Runtime:
+    """The shards of one data dir opened by this process, shared by its EdgeStores."""
+
+    root: Path
+    refs: int = 0
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    shards: dict[str, _Shard] = field(default_factory=dict)
+
+
+_RUNTIMES: dict[Path, _Runtime] = {}
+_RUNTIMES_LOCK = threading.Lock()
+
+
+def _acquire_runtime(root: Path) -> _Runtime:
+    with _RUNTIMES_LOCK:
+        runtime = _RUNTIMES.get(root)
+        if runtime is None:
+            runtime = _RUNTIMES[root] = _Runtime(root)
+        runtime.refs += 1
+        return runtime
+
+
+def _release_runtime(runtime: _Runtime) -> None:
+    with _RUNTIMES_LOCK:
+        runtime.refs -= 1
+        if runtime.refs > 0:
+            return
+        del _RUNTIMES[runtime.root]
+    with runtime.lock:
+        shards, runtime.shards = list(runtime.shards.values()), {}
+    errors: list[str] = []
+    for handle in shards:
+        with handle.write_lock:
+            try:  # close every shard, then report what failed
+                _vendor(f"flush {handle.path}", handle.shard.flush)
+                _vendor(f"close {handle.path}", handle.shard.close)
+            except StoreError as exc:
+                errors.append(str(exc))
+    if errors:
+        raise StoreError("qdrant-edge close failed: " + "; ".join(errors))
+
+
+def _str_id(value: object) -> str:
+    return str(value)
+
+
+def _dense_list(vector: DenseVector) -> list[float]:
+    return np.asarray(vector, dtype=np.float32).reshape(-1).tolist()
+
+
+def _to_sparse(vector: SparseVector) -> qe.SparseVector:
+    return qe.SparseVector(list(vector.indices), list(vector.values))
+
+
+class EdgeStore:
+    """`VectorStore` on qdrant-edge shards under `data_dir` (see the module docstring)."""
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        schema: PayloadSchema | None = None,
+        payload_in_ram: bool = True,
+        hnsw_ef: int | None = None,
+        max_search_threads: int | None = None,
+    ) -> None:
+        """Open (lazily) the collections under `data_dir`.
+
+        `payload_in_ram` keeps payloads cached in memory (queries read the payload of every
+        candidate); `hnsw_ef` overrides the search-time beam width; `max_search_threads` sizes the
+        engine's search pool (default: one per CPU). The shard options apply when this process
+        first opens a shard.
+        """
+        self._root = Path(data_dir).resolve()
+        self._collections = self._root / "collections"
+        self._schema = schema or PayloadSchema()
+        self._payload_memory = qe.Memory.Cached if payload_in_ram else qe.Memory.Cold
+        self._search_params = qe.SearchParams(hnsw_ef=hnsw_ef) if hnsw_ef else None
+        self._max_search_threads = max_search_threads
+        self._runtime: _Runtime | None = _acquire_runtime(self._root)
+
+    # --- shards --------------------------------------------------------------------------
+
+    @property
+    def schema(self) -> PayloadSchema:
+        """Which payload fields are indexed."""
+        return self._schema
+
+    def _rt(self) -> _Runtime:
+        if self._runtime is None:
+            raise StoreError("EdgeStore is closed")
+        return self._runtime
+
+    def _path(self, name: str) -> Path:
+        return self._collections / validate_collection_name(name)
+
+    def _config(self, dimension: int | None, sparse: bool) -> qe.EdgeConfig:
+        vectors = (
+            {DENSE_VECTOR: qe.EdgeVectorParams(size=dimension, distance=qe.Distance.Cosine)}
+            if dimension is not None
+            else None
+        )
+        sparse_vectors = (
+            {SPARSE_VECTOR: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)} if sparse else None
+        )
+        return qe.EdgeConfig(
+            vectors=vectors,
+            sparse_vectors=sparse_vectors,
+            payload_memory=self._payload_memory,
+            max_search_threads=self._max_search_threads,
+        )
+
+    def _open(self, name: str) -> _Shard:
+        runtime = self._rt()
+        path = self._path(name)
+        with runtime.lock:
+            handle = runtime.shards.get(name)
+            if handle is not None:
+                return handle
+            if not (path / _CONFIG_FILE).is_file():
+                raise StoreError(f"collection {name!r} does not exist under {self._collections}")
+            # Loading with a config applies this process's options (payload memory, threads);
+            # the engine requires the vectors in it, so they are read back from the shard.
+            stored = self._read_config(name, path)
+            dense = stored.get("vectors", {}).get(DENSE_VECTOR, {}).get("size")
+            options = self._config(dense, SPARSE_VECTOR in stored.get("sparse_vectors", {}))
+            shard = _vendor(f"open {name}", lambda: qe.EdgeShard.load(str(path), options))
+            handle = runtime.shards[name] = _Shard(shard, path)
+            return handle
+
+    def _write(self, name: str, operation: qe.UpdateOperation) -> None:
+        handle = self._open(name)
+        with handle.write_lock:
+            _vendor(f"update {name}", lambda: handle.shard.update(operation))
+
+    # --- collections ---------------------------------------------------------------------
+
+    def ensure_collection(self, name: str, dimension: int, sparse: bool = True) -> None:
+        """Create the shard if absent, else check its vectors; then add missing payload indexes."""
+        if dimension <= 0:
+            raise ValueError(f"dimension must be > 0, got {dimension}")
+        runtime = self._rt()
+        path = self._path(name)
+        with runtime.lock:
+            if name in runtime.shards or (path / _CONFIG_FILE).is_file():
+                self._check_config(name, path, dimension, sparse)
+                handle = self._open(name)
+            else:
+                config = self._config(dimension, sparse)
+                shard = _vendor(f"create {name}", lambda: qe.EdgeShard.create(str(path), config))
+                handle = runtime.shards[name] = _Shard(shard, path)
+            self._ensure_indexes(name, handle)
+
+    @staticmethod
+    def _read_config(name: str, path: Path) -> dict[str, Any]:
+        try:
+            config = json.loads((path / _CONFIG_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"collection {name!r}: unreadable shard config: {exc}") from exc
+        if not isinstance(config, dict):
+            raise StoreError(f"collection {name!r}: shard config is not an object")
+        return config
+
+    def _check_config(self, name: str, path: Path, dimension: int, sparse: bool) -> None:
+        config = self._read_config(name, path)
+        dense = config.get("vectors", {}).get(DENSE_VECTOR)
+        if dense is None or dense.get("size") != dimension or dense.get("distance") != "Cosine":
+            raise StoreError(
+                f"collection {name!r} exists with dense vector {dense!r}, "
+                f"not size {dimension} cosine"
+            )
+        if sparse and SPARSE_VECTOR not in config.get("sparse_vectors", {}):
+            raise StoreError(f"collection {name!r} exists without a sparse vector")
+
+    def _ensure_indexes(self, name: str, handle: _Shard) -> None:
+        existing = _vendor(f"info {name}", lambda: handle.shard.info().payload_schema)
+        wanted: dict[str, Any] = {TENANT_ID: qe.KeywordIndexParams(is_tenant=True)}
+        for key in self._schema.all_keyword_fields():
+            wanted.setdefault(key, qe.PayloadSchemaType.Keyword)
+        kinds = {
+            "datetime": qe.PayloadSchemaType.Datetime,
+            "float": qe.PayloadSchemaType.Float,
+            "integer": qe.PayloadSchemaType.Integer,
+        }
+        for key, kind in self._schema.range_fields.items():
+            wanted[key] = kinds[kind]
+        for key, schema in wanted.items():
+            if key not in existing:
+                self._write(name, qe.UpdateOperation.create_field_index(key, schema))
+
+    def drop_collection(self, name: str) -> bool:
+        """Close the shard (if open here) and delete its directory."""
+        runtime = self._rt()
+        path = self._path(name)
+        with runtime.lock:
+            handle = runtime.shards.pop(name, None)
+            if handle is not None:
+                with handle.write_lock:
+                    _vendor(f"close {name}", handle.shard.close)
+            if not path.exists():
+                return False
+            try:
+                shutil.rmtree(path)
+            except OSError as exc:
+                raise StoreError(f"cannot delete collection {name!r}: {exc}") from exc
+            return True
+
+    def collection_exists(self, name: str) -> bool:
+        """True when the shard directory holds a shard."""
+        return name in self._rt().shards or (self._path(name) / _CONFIG_FILE).is_file()
+
+    def list_collections(self) -> list[str]:
+        """Names of the collections under the data dir, sorted."""
+        if not self._collections.is_dir():
+            return []
+        return sorted(p.name for p in self._collections.iterdir() if (p / _CONFIG_FILE).is_file())
+
+    # --- writes --------------------------------------------------------------------------
+
+    def upsert(self, name: str, points: Sequence[PointRecord], wait: bool = True) -> None:
+        """Insert or overwrite points (always applied before returning, see module docs)."""
+        if not points:
+            return
+        converted = []
+        for p in points:
+            vector: dict[str, Any] = {DENSE_VECTOR: p.dense_array()}
+            if p.sparse is not None and len(p.sparse):
+                vector[SPARSE_VECTOR] = _to_sparse(p.sparse)
+            converted.append(qe.Point(p.point_id, vector, dict(p.payload)))
+        self._write(name, qe.UpdateOperation.upsert_points(converted))
+
+    def delete_points(self, name: str, ids: Sequence[str], wait: bool = True) -> None:
+        """Delete points by id."""
+        if ids:
+            self._write(name, qe.UpdateOperation.delete_points(list(ids)))
+
+    def update_payload(
+        self,
+        name: str,
+        ids: Sequence[str],
+        values: Mapping[str, Any],
+        unset: Sequence[str] = (),
+        wait: bool = True,
+    ) -> None:
+        """Set and remove payload keys of the given points (vectors untouched)."""
+        check_payload_update(values, unset)
+        if not ids:
+            return
+        if values:
+            self._write(name, qe.UpdateOperation.set_payload(list(ids), dict(values)))
+        if unset:
+            self._write(name, qe.UpdateOperation.delete_payload(list(ids), list(unset)))
+
+    def delete_by_entity(self, name: str, tenant_id: str, entity_id: str) -> None:
+        """Delete every point of one entity of one tenant."""
+        condition = self._filter(StoreFilter(tenant_id=tenant_id, entity_ids=(entity_id,)))
+        self._write(name, qe.UpdateOperation.delete_points_by_filter(condition))
+
+    def optimize(self, name: str) -> bool:
+        """Run the engine's optimizers now (HNSW, payload indexes, vacuum); blocks until done."""
+        handle = self._open(name)
+        return _vendor(f"optimize {name}", handle.shard.optimize)
+
+    def flush(self, name: str) -> None:
+        """Flush the shard's pending changes to its segments on disk."""
+        handle = self._open(name)
+        _vendor(f"flush {name}", handle.shard.flush)
+
+    # --- reads ---------------------------------------------------------------------------
+
+    def _filter(self, store_filter: StoreFilter) -> qe.Filter:
+        self._schema.check_filter(store_filter)
+        must: list[Any] = [
+            qe.FieldCondition(TENANT_ID, match=qe.MatchValue(store_filter.tenant_id))
+        ]
+        if store_filter.entity_types:
+            must.append(
+                qe.FieldCondition("entity_type", match=qe.MatchAny(list(store_filter.entity_types)))
+            )
+        if store_filter.entity_ids:
+            must.append(
+                qe.FieldCondition(ENTITY_ID, match=qe.MatchAny(list(store_filter.entity_ids)))
+            )
+        for key, values in store_filter.keywords.items():
+            if isinstance(values[0], bool):
+                # MatchAny takes str or int lists only: booleans become a `should` of values.
+                should: list[Any] = [
+                    qe.FieldCondition(key, match=qe.MatchValue(v)) for v in set(values)
+                ]
+                must.append(qe.Filter(should=should))
+            elif isinstance(values[0], str):
+                texts = [v for v in values if isinstance(v, str)]
+                must.append(qe.FieldCondition(key, match=qe.MatchAny(texts)))
+            else:
+                ints = [v for v in values if isinstance(v, int)]
+                must.append(qe.FieldCondition(key, match=qe.MatchAny(ints)))
+        for key, bounds in store_filter.ranges.items():
+            if bounds.is_datetime:
+                iso = [None if b is None else b.isoformat() for b in datetime_bounds(bounds)]
+                must.append(qe.FieldCondition(key, range=qe.RangeDateTime(*iso)))
+            else:
+                fgte, fgt, flte, flt = numeric_bounds(bounds)
+                must.append(qe.FieldCondition(key, range=qe.RangeFloat(fgte, fgt, flte, flt)))
+        return qe.Filter(must=must)
+
+    def _hits(self, points: list[qe.ScoredPoint], tenant_id: str) -> list[ScoredHit]:
+        hits = [
+            ScoredHit(
+                point_id=_str_id(p.id),
+                score=float(p.score),
+                payload=p.payload or {},
+                dense=split_engine_vectors(p.vector)[0],
+            )
+            for p in points
+        ]
+        check_tenant(hits, tenant_id)
+        return hits
+
+    def _query(
+        self, vector: Any, using: str, store_filter: StoreFilter, limit: int, with_vectors: bool
+    ) -> qe.QueryRequest:
+        if limit <= 0:
+            raise ValueError(f"limit must be > 0, got {limit}")
+        return qe.QueryRequest(
+            limit=limit,
+            query=qe.Query.Nearest(vector, using=using),
+            filter=self._filter(store_filter),
+            with_payload=True,
+            with_vector=[DENSE_VECTOR] if with_vectors else False,
+            params=self._search_params,
+        )
+
+    def search_dense(
+        self,
+        name: str,
+        vector: DenseVector,
+        filter: StoreFilter,
+        *,
+        limit: int,
+        with_vectors: bool = False,
+    ) -> list[ScoredHit]:
+        """Nearest points by cosine similarity, best first."""
+        request = self._query(_dense_list(vector), DENSE_VECTOR, filter, limit, with_vectors)
+        handle = self._open(name)
+        return self._hits(
+            _vendor(f"query {name}", lambda: handle.shard.query(request)), filter.tenant_id
+        )
+
+    def search_sparse(
+        self, name: str, sparse: SparseVector, filter: StoreFilter, *, limit: int
+    ) -> list[ScoredHit]:
+        """Best points by sparse dot product with IDF, best first (empty query: no hits)."""
+        if not len(sparse):
+            return []
+        request = self._query(_to_sparse(sparse), SPARSE_VECTOR, filter, limit, False)
+        handle = self._open(name)
+        return self._hits(
+            _vendor(f"query {name}", lambda: handle.shard.query(request)), filter.tenant_id
+        )
+
+    def search_hybrid(
+        self,
+        name: str,
+        dense: DenseVector,
+        sparse: SparseVector,
+        filter: StoreFilter,
+        *,
+        limit: int,
+        prefetch_limit: int,
+    ) -> HybridResult:
+        """Dense and sparse branches as one `query_batch` (one planned pass over the segments)."""
+        if prefetch_limit < limit:
+            raise ValueError(f"prefetch_limit ({prefetch_limit}) must be >= limit ({limit})")
+        requests = [self._query(_dense_list(dense), DENSE_VECTOR, filter, prefetch_limit, False)]
+        if len(sparse):
+            requests.append(
+                self._query(_to_sparse(sparse), SPARSE_VECTOR, filter, prefetch_limit, False)
+            )
+        handle = self._open(name)
+        batch = qe.QueryBatchRequest(requests)
+        results = _vendor(f"query_batch {name}", lambda: handle.shard.query_batch(batch))
+        dense_hits = self._hits(results[0], filter.tenant_id)
+        sparse_hits = self._hits(results[1], filter.tenant_id) if len(results) > 1 else []
+        return HybridResult(tuple(dense_hits), tuple(sparse_hits), limit)
+
+    def _stored(self, record: qe.Record) -> StoredPoint:
+        dense, sparse = split_engine_vectors(record.vector)
+        return StoredPoint(_str_id(record.id), record.payload or {}, dense, sparse)
+
+    def retrieve(
+        self, name: str, ids: Sequence[str], tenant_id: str, with_vectors: bool = False
+    ) -> list[StoredPoint]:
+        """The tenant's points among `ids`, in the order of `ids` (missing ids are omitted)."""
+        validate_tenant(tenant_id)
+        if not ids:
+            return []
+        handle = self._open(name)
+        records = _vendor(
+            f"retrieve {name}",
+            lambda: handle.shard.retrieve(
+                list(ids), with_payload=True, with_vector=bool(with_vectors)
+            ),
+        )
+        by_id = {_str_id(r.id): r for r in records}
+        found = [self._stored(by_id[i]) for i in dict.fromkeys(ids) if i in by_id]
+        return [p for p in found if p.payload.get(TENANT_ID) == tenant_id]
+
+    def count(self, name: str, filter: StoreFilter) -> int:
+        """Exact number of points matching the filter."""
+        request = qe.CountRequest(exact=True, filter=self._filter(filter))
+        handle = self._open(name)
+        return _vendor(f"count {name}", lambda: handle.shard.count(request))
+
+    def scroll(
+        self,
+        name: str,
+        filter: StoreFilter,
+        batch: int = 256,
+        with_vectors: bool = False,
+        *,
+        fields: Sequence[str] | None = None,
+    ) -> Iterator[StoredPoint]:
+        """Every matching point, `batch` at a time, ordered by point id; `fields` selects the
+        payload keys (None: the whole payload; `tenant_id` is always included)."""
+        if batch <= 0:
+            raise ValueError(f"batch must be > 0, got {batch}")
+        keys = payload_selection(fields)
+        with_payload: bool | qe.PayloadSelector = (
+            True if keys is None else qe.PayloadSelector.Include(keys)
+        )
+        condition = self._filter(filter)
+        handle = self._open(name)
+        offset: Any = None
+        while True:
+            request = qe.ScrollRequest(
+                offset=offset,
+                limit=batch,
+                filter=condition,
+                with_payload=with_payload,
+                with_vector=bool(with_vectors),
+            )
+            records, offset = _vendor(f"scroll {name}", lambda r=request: handle.shard.scroll(r))  # type: ignore[misc]
+            points = [self._stored(r) for r in records]
+            check_tenant(points, filter.tenant_id)
+            yield from points
+            if offset is None:
+                return
+
+    def entity_chunks(self, name: str, tenant_id: str, entity_id: str) -> dict[str, ChunkRef]:
+        """chunk_id -> ChunkRef for every point of the entity (StoreError on duplicate chunks)."""
+        return chunk_manifest(
+            self.scroll(name, StoreFilter(tenant_id=tenant_id, entity_ids=(entity_id,)))
+        )
+
+    def close(self) -> None:
+        """Release this store's hold; the last store of the data dir flushes and closes shards."""
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            _release_runtime(runtime)

@@ -1,0 +1,152 @@
+"""The store and registry contracts on qdrant-edge (embedded), plus edge-only behaviour."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ragcore.store.edge import EdgeStore
+from ragcore.store.registry import FileIndexRegistry, IndexRegistry
+from tests.ragcore.store.contract import (
+    COLLECTION,
+    DIM,
+    DOCS,
+    SCHEMA,
+    SPEC,
+    RegistryContract,
+    RegistryFactory,
+    StoreFactory,
+    VectorStoreContract,
+    acme,
+    record,
+)
+
+pytestmark = pytest.mark.integration
+
+
+class TestEdgeStore(VectorStoreContract):
+    @pytest.fixture
+    def store_factory(self, tmp_path: Path) -> StoreFactory:
+        return lambda: EdgeStore(tmp_path / "data", schema=SCHEMA)
+
+    def test_stores_on_one_data_dir_share_open_shards(self, tmp_path: Path) -> None:
+        first = EdgeStore(tmp_path, schema=SCHEMA)
+        second = EdgeStore(tmp_path, schema=SCHEMA)
+        try:
+            first.ensure_collection(COLLECTION, DIM)
+            first.upsert(COLLECTION, [record(d) for d in DOCS])
+            # No WAL-lock error: the second store uses the shard the first one opened.
+            assert second.count(COLLECTION, acme()) == 6
+            first.close()
+            assert second.count(COLLECTION, acme()) == 6
+        finally:
+            first.close()
+            second.close()
+        assert (tmp_path / "collections" / COLLECTION / "edge_config.json").is_file()
+
+    def test_second_process_gets_a_store_error_naming_the_lock(self, tmp_path: Path) -> None:
+        store = EdgeStore(tmp_path, schema=SCHEMA)
+        try:
+            store.ensure_collection(COLLECTION, DIM)
+            script = (
+                "import sys\n"
+                "from ragcore.errors import StoreError\n"
+                "from ragcore.store.edge import EdgeStore\n"
+                "from ragcore.store.base import StoreFilter\n"
+                f"s = EdgeStore({str(tmp_path)!r})\n"
+                "try:\n"
+                f"    s.count({COLLECTION!r}, StoreFilter('acme'))\n"
+                "except StoreError as e:\n"
+                "    print(e); sys.exit(3)\n"
+            )
+            done = subprocess.run(
+                [sys.executable, "-c", script],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 3, done.stderr
+            assert "one process" in done.stdout
+        finally:
+            store.close()
+
+    def test_optimize_builds_indexes_and_keeps_results(self, tmp_path: Path) -> None:
+        store = EdgeStore(tmp_path, schema=SCHEMA)
+        try:
+            store.ensure_collection(COLLECTION, DIM)
+            store.upsert(COLLECTION, [record(d) for d in DOCS])
+            before = [
+                h.point_id
+                for h in store.search_dense(COLLECTION, [1.0] + [0.0] * (DIM - 1), acme(), limit=6)
+            ]
+            assert isinstance(store.optimize(COLLECTION), bool)
+            after = [
+                h.point_id
+                for h in store.search_dense(COLLECTION, [1.0] + [0.0] * (DIM - 1), acme(), limit=6)
+            ]
+            assert after == before
+        finally:
+            store.close()
+
+    def test_collection_names_cannot_escape_the_data_dir(self, tmp_path: Path) -> None:
+        from ragcore.errors import StoreError
+
+        store = EdgeStore(tmp_path / "data")
+        try:
+            for name in ("../evil", "a/b", ".hidden", ""):
+                with pytest.raises(StoreError, match="invalid collection name"):
+                    store.ensure_collection(name, DIM)
+        finally:
+            store.close()
+        assert not (tmp_path / "evil").exists()
+
+
+class TestFileIndexRegistry(RegistryContract):
+    @pytest.fixture
+    def registry_factory(self, tmp_path: Path) -> Iterator[RegistryFactory]:
+        stores: list[EdgeStore] = []
+
+        def make() -> IndexRegistry:
+            store = EdgeStore(tmp_path, schema=SCHEMA)
+            stores.append(store)
+            return FileIndexRegistry(tmp_path, store)
+
+        yield make
+        for store in stores:
+            store.close()
+
+    def test_active_pointer_is_a_file_replaced_atomically(
+        self, registry: IndexRegistry, tmp_path: Path
+    ) -> None:
+        registry.create_version("acme", SPEC)
+        registry.mark_ready("acme", 1, total_vectors=0)
+        registry.activate("acme", 1)
+        tenant_dir = tmp_path / "registry" / "acme"
+        assert (tenant_dir / "active").read_text() == "1\n"
+        assert sorted(p.name for p in tenant_dir.iterdir()) == ["active", "v1.json"]
+        assert (tmp_path / "collections" / "rag__acme__v1").is_dir()
+
+    def test_corrupt_manifest_is_a_store_error(
+        self, registry: IndexRegistry, tmp_path: Path
+    ) -> None:
+        from ragcore.errors import StoreError
+
+        registry.create_version("acme", SPEC)
+        (tmp_path / "registry" / "acme" / "v1.json").write_text("{not json")
+        with pytest.raises(StoreError, match="corrupt manifest"):
+            registry.open_version("acme", 1, SPEC)
+
+    def test_rejected_tenant_leaves_nothing_on_disk(
+        self, registry: IndexRegistry, tmp_path: Path
+    ) -> None:
+        from ragcore.errors import InvalidTenantError
+
+        with pytest.raises(InvalidTenantError):
+            registry.create_version("../escape", SPEC)
+        assert not (tmp_path / "escape").exists()
+        assert not (tmp_path / "registry").exists()

@@ -1,0 +1,222 @@
+"""Tokenization, stable hashing and BM25 weights of the sparse encoder."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import pytest
+
+import ragcore.sparse as sparse_module
+from ragcore.sparse import (
+    Bm25Config,
+    Bm25Encoder,
+    Bm25Scorer,
+    LexiconStats,
+    bm25_weight,
+    idf,
+    is_identifier,
+    token_index,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_identifiers_are_kept_whole_and_split() -> None:
+    tokens = Bm25Encoder().tokenize("Error E-1042 in ERR_TIMEOUT since v2.3.1.")
+    assert tokens == [
+        "error",
+        "e-1042", "e", "1042",
+        "err_timeout", "err", "timeout",
+        "sinc",
+        "v2.3.1", "v2", "3", "1",
+    ]  # fmt: skip
+
+
+def test_stopwords_drop_alone_but_not_inside_identifiers() -> None:
+    encoder = Bm25Encoder()
+    assert encoder.tokenize("the cause of the-end") == ["caus", "the-end", "the", "end"]
+    assert Bm25Encoder(Bm25Config(stopwords=frozenset())).tokenize("the end") == ["the", "end"]
+
+
+def test_unicode_words_are_lowercased_and_kept() -> None:
+    assert Bm25Encoder().tokenize("Café DÉJÀ-vu Straße") == [
+        "café",
+        "déjà-vu",
+        "déjà",
+        "vu",
+        "straße",
+    ]
+
+
+def test_overlong_tokens_are_dropped() -> None:
+    encoder = Bm25Encoder(Bm25Config(max_token_len=5))
+    assert encoder.tokenize("short toolongword ab-cd") == ["short", "ab-cd", "ab", "cd"]
+
+
+def test_token_index_is_a_stable_31_bit_blake2b_hash() -> None:
+    digest = hashlib.blake2b(b"e-1042", digest_size=8).digest()
+    assert token_index("e-1042") == int.from_bytes(digest, "big") & 0x7FFFFFFF
+    # Pinned: a change here silently re-keys every index ever built.
+    assert token_index("e-1042") == EXPECTED_E1042
+    assert all(0 <= token_index(t) < 2**31 for t in ("", "a", "ünïcode", "x" * 1000))
+
+
+EXPECTED_E1042 = 1929332010
+
+
+def test_document_weights_follow_bm25_saturation() -> None:
+    encoder = Bm25Encoder(Bm25Config(k1=1.2, b=0.75, avgdl=3.0))
+    vector = encoder.encode_document("alpha beta alpha")
+    weights = dict(zip(vector.indices, vector.values, strict=True))
+    # len == avgdl: norm 1; alpha tf 2 -> 2*2.2/(2+1.2) = 1.375; beta tf 1 -> 1.0.
+    assert weights[token_index("alpha")] == pytest.approx(1.375)
+    assert weights[token_index("beta")] == pytest.approx(1.0)
+    longer_avg = Bm25Encoder(Bm25Config(avgdl=6.0)).encode_document("alpha beta alpha")
+    weights = dict(zip(longer_avg.indices, longer_avg.values, strict=True))
+    # norm = 0.25 + 0.75 * 3/6 = 0.625: alpha 4.4/2.75 = 1.6; beta 2.2/1.75.
+    assert weights[token_index("alpha")] == pytest.approx(1.6)
+    assert weights[token_index("beta")] == pytest.approx(2.2 / 1.75)
+
+
+def test_document_length_counts_surface_words() -> None:
+    vector = Bm25Encoder(Bm25Config(avgdl=2.0)).encode_document("E-1042 fails")
+    assert len(vector) == 4  # e-1042, e, 1042, fails
+    assert vector.values == pytest.approx([1.0] * 4)
+    assert list(vector.indices) == sorted(vector.indices)
+
+
+def test_query_is_unique_tokens_with_weight_one() -> None:
+    vector = Bm25Encoder().encode_query("Foo foo BAR")
+    assert sorted(vector.indices) == sorted({token_index("foo"), token_index("bar")})
+    assert vector.values == (1.0, 1.0)
+
+
+def test_empty_or_stopword_only_text_encodes_to_an_empty_vector() -> None:
+    encoder = Bm25Encoder()
+    assert len(encoder.encode_document("")) == 0
+    assert len(encoder.encode_query("the of and")) == 0
+
+
+def test_hash_collisions_merge_term_frequencies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sparse_module, "token_index", lambda token: 7)
+    vector = Bm25Encoder(Bm25Config(avgdl=2.0)).encode_document("one two")
+    assert vector.indices == (7,)
+    assert vector.values[0] == pytest.approx(2 * 2.2 / (2 + 1.2))
+
+
+def test_model_version_names_the_encoding() -> None:
+    default = Bm25Encoder().model_version
+    # version 2: stemming; an index built with version 1 is refused (MANIFEST_MISMATCH)
+    assert default == "ragstream-bm25@2;k1=1.2;b=0.75;avgdl=256;stop=en;stem=english;max=64"
+    assert Bm25Encoder(Bm25Config(avgdl=100)).model_version != default
+    assert Bm25Encoder(Bm25Config(stopwords=frozenset())).model_version != default
+    assert Bm25Encoder(Bm25Config(stemmer=None)).model_version.endswith("stem=none;max=64")
+
+
+def test_words_and_identifier_parts_are_stemmed_but_whole_identifiers_are_not() -> None:
+    tokens = Bm25Encoder().tokenize("Bearings greased; RETRY_POLICIES and E-2113 errors")
+    assert tokens == [
+        "bear", "greas",
+        "retry_policies", "retri", "polici",
+        "e-2113", "e", "2113",
+        "error",
+    ]  # fmt: skip
+    assert Bm25Encoder(Bm25Config(stemmer=None)).tokenize("bearings") == ["bearings"]
+
+
+def test_unknown_stemmer_language_is_refused() -> None:
+    with pytest.raises(ValueError, match="Snowball"):
+        Bm25Config(stemmer="klingon")
+
+
+@pytest.mark.parametrize(
+    ("word", "expected"),
+    [
+        ("E-2113", True),
+        ("v2", True),
+        ("GX-PMP-4200", True),
+        ("ACM-TEAM-ANNUAL", True),
+        ("auth.saml.allowed_clock_skew_seconds", True),
+        ("ERR_TIMEOUT", True),
+        ("NCR-2024-118", True),
+        ("SAML", False),
+        ("sign-in", False),
+        ("Retry-After", False),
+        ("30-day", False),
+        ("2nd", False),
+        ("2024", False),
+        ("0.67", False),
+        ("e.g", False),
+        ("mm/s", False),
+    ],
+)
+def test_identifier_like_words(word: str, expected: bool) -> None:
+    assert is_identifier(word) is expected
+
+
+def test_identifiers_of_a_query_are_its_identifier_words_lowercased() -> None:
+    encoder = Bm25Encoder()
+    assert encoder.identifiers("what does error E-2113 mean, and v2?") == ["e-2113", "v2"]
+    assert encoder.identifiers("how do refunds work?") == []
+
+
+def test_lexicon_counts_chunks_average_length_and_document_frequencies() -> None:
+    encoder = Bm25Encoder()
+    stats = LexiconStats.build(["pump seal leaks", "seal kit GX-42", "refund policy"], encoder)
+    assert stats.n_docs == 3
+    assert stats.avgdl == pytest.approx(8 / 3)  # 3 + 3 + 2 surface words
+    assert stats.doc_freq("seal") == 2
+    assert stats.doc_freq("gx-42") == 1
+    assert stats.doc_freq("absent") == 0
+    assert stats.idf("seal") == pytest.approx(idf(3, 2))
+    again = LexiconStats.from_dict(stats.to_dict())
+    assert (again.n_docs, again.avgdl, again.doc_freq("seal")) == (3, stats.avgdl, 2)
+
+
+def test_exact_bm25_uses_the_index_average_length_not_the_constant() -> None:
+    encoder = Bm25Encoder()
+    texts = ["alpha beta", "alpha gamma delta epsilon zeta eta theta iota"]
+    stats = LexiconStats.build(texts, encoder)
+    scorer = Bm25Scorer(encoder, stats)
+    query = scorer.query("alpha")
+    short, long = scorer.match_all(query, texts)
+    weight = stats.idf("alpha")
+    avgdl = stats.avgdl  # 5 words, not 256
+    assert short.score == pytest.approx(weight * bm25_weight(1, 2, encoder.config, avgdl))
+    assert long.score == pytest.approx(weight * bm25_weight(1, 8, encoder.config, avgdl))
+    assert short.score > long.score
+    assert short.coverage == 1.0 and short.normalized == pytest.approx(short.score / weight)
+
+
+def test_coverage_is_idf_weighted_and_identifiers_are_matched_whole() -> None:
+    encoder = Bm25Encoder()
+    texts = ["pump pump pump seal", "pump E-2113 seal", "pump"]
+    scorer = Bm25Scorer(encoder, LexiconStats.build(texts, encoder))
+    query = scorer.query("pump E-2113")
+    first, second, _ = scorer.match_all(query, texts)
+    assert second.identifiers == ("e-2113",)
+    assert first.identifiers == ()
+    assert second.coverage == 1.0
+    assert 0.0 < first.coverage < 0.2  # "pump" is in every chunk: almost no weight
+    missing = scorer.query("pump E-9999")
+    assert missing.unknown_identifiers == ("e-9999",)
+    assert missing.missing_share > 0.5
+
+
+def test_scorer_refuses_statistics_of_another_encoder() -> None:
+    stats = LexiconStats.build(["a b"], Bm25Encoder(Bm25Config(stemmer=None)))
+    with pytest.raises(ValueError, match="counted with"):
+        Bm25Scorer(Bm25Encoder(), stats)
+
+
+@pytest.mark.parametrize("kwargs", [{"k1": -0.1}, {"b": 1.5}, {"avgdl": 0.0}, {"max_token_len": 0}])
+def test_invalid_config_is_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        Bm25Config(**kwargs)  # type: ignore[arg-type]
+
+
+def test_bm25_weight_and_idf_formulas() -> None:
+    config = Bm25Config(k1=1.5, b=0.0)
+    assert bm25_weight(3, 999, config) == pytest.approx(3 * 2.5 / (3 + 1.5))
+    assert idf(10, 1) == pytest.approx(math.log(1 + 9.5 / 1.5))

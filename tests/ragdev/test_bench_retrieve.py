@@ -1,0 +1,73 @@
+"""`ragstream bench retrieve` end to end on a small index: the real gRPC server, the real local
+embedder, qdrant-edge and the SQLite SoR; the report has the documented structure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ragdev.bench.retrieve import GOAL_P95_MS, run
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+STATUSES = {"SUCCESS", "NO_EVIDENCE"}
+
+
+def test_small_run_reports_both_variants_at_each_concurrency(tmp_path: Path) -> None:
+    report = run(points=2000, queries=20, concurrency=(1, 2), data_dir=tmp_path / "run")
+
+    json.dumps(report)  # JSON-able as is
+    machine = report["machine"]
+    assert machine["cpu_count"] >= 1
+    assert len(machine["load_average_before"]) == 3
+    assert len(machine["load_average_after"]) == 3
+
+    data = report["data"]
+    assert data["vectors"].startswith("synthetic")
+    assert data["query_embedding"].startswith("real local ONNX embedder")
+
+    index = report["index"]
+    assert index["points"] == 2000
+    assert index["dimension"] == 384
+    assert 2000 / 3 <= index["entities"] <= 2000
+    assert {"upsert", "optimize", "embed_sentences"} <= set(index["build_seconds"])
+
+    config = report["config"]
+    assert config["top_k"] >= 1
+    assert config["candidate_k"] >= config["top_k"]
+    from ragcore.fusion import FUSION_METHODS
+
+    assert config["fusion"] in FUSION_METHODS
+    assert config["reranker"] is None
+    assert config["workers"] >= 1
+
+    results = report["results"]
+    assert {(r["variant"], r["sor_verification"], r["concurrency"]) for r in results} == {
+        ("sor_verification", True, 1),
+        ("sor_verification", True, 2),
+        ("no_verification", False, 1),
+        ("no_verification", False, 2),
+    }
+    for r in results:
+        assert r["n"] == 20
+        assert sum(r["statuses"].values()) == 20
+        # never FAILED, never a gRPC error: every call ran the whole pipeline
+        assert set(r["statuses"]) <= STATUSES, r["statuses"]
+        latency = r["latency_ms"]
+        assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"] <= latency["max"]
+        assert r["qps"] > 0
+        stages = r["server_stage_ms_mean"]
+        assert {"resolve", "embed", "search", "rank", "verify", "total"} <= set(stages)
+        # the index and the SoR agree: the SoR check never excludes a result
+        assert not {"STALE", "MISSING", "DELETED"} & set(r["excluded_by_reason"])
+    # real query embeddings find the synthetic neighbourhoods: most calls return evidence
+    assert all(r["statuses"].get("SUCCESS", 0) >= 10 for r in results)
+
+    goals = report["goals"]
+    assert {g["variant"] for g in goals} == {"sor_verification", "no_verification"}
+    for g in goals:
+        assert g["concurrency"] == 1
+        assert g["target_p95_ms"] == GOAL_P95_MS
+        assert g["met"] == (g["measured_p95_ms"] <= GOAL_P95_MS)

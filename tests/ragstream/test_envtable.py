@@ -1,0 +1,55 @@
+"""The README's variable table is the one generated from the settings models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, Field
+
+from ragstream.cli import main
+from ragstream.envtable import END, START, env_rows, markdown, service_settings
+
+pytestmark = pytest.mark.unit
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readme_table_is_the_generated_one() -> None:
+    text = README.read_text()
+    block = text[text.index(START) : text.index(END) + len(END)]
+    assert block == markdown(service_settings()), "run `ragstream config --env-table`"
+
+
+def test_every_nested_field_and_union_variant_is_a_row() -> None:
+    rows = {(row.variable, row.variant): users for row, users in env_rows(service_settings())}
+    assert rows[("RAGSTREAM_CONSUMER__GROUP_ID", "")] == ["ingest"]
+    assert rows[("RAGSTREAM_STORE__URL", "")] == ["ingest", "retrieve"]
+    assert rows[("RAGSTREAM_RETRIEVAL__FUSION_METHOD", "")] == ["retrieve"]
+    assert rows[("RAGSTREAM_EMBEDDER__BASE_URL", "kind=openai")] == ["ingest", "retrieve"]
+    assert rows[("RAGSTREAM_EMBEDDER__KIND", "kind=local")] == ["ingest", "retrieve"]
+    assert ("RAGSTREAM_RERANKER__BASE_URL", "kind=http") in rows
+    assert ("RAGSTREAM_EMBEDDING_CACHE__PATH", "") in rows
+    assert ("RAGSTREAM_PLAN__TABLES", "") in rows
+    assert not any(variable.endswith("__TABLES__TABLE") for variable, _ in rows)
+    assert len(rows) > 150
+
+
+class _Inner(BaseModel):
+    depth: int = Field(default=3, description="How deep | far.")
+
+
+class _Outer(BaseModel):
+    inner: _Inner = Field(default_factory=_Inner)
+    items: list[_Inner] = Field(default_factory=list, description="Several.")
+
+
+def test_a_pipe_in_a_cell_is_escaped_and_lists_of_models_are_one_json_variable() -> None:
+    table = markdown({"svc": _Outer})
+    assert "| `RAGSTREAM_INNER__DEPTH` | svc |  | `3` | How deep \\| far. |" in table
+    assert "| `RAGSTREAM_ITEMS` | svc |  | `[]` | Several. JSON list of objects. |" in table
+
+
+def test_the_command_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "--env-table"]) == 0
+    assert capsys.readouterr().out.strip() == markdown(service_settings())
