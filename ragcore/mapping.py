@@ -314,6 +314,14 @@ class TableCatalog:
         """The table named `label` in entity ids."""
         return self._by_label.get(label)
 
+    def require(self, label: str) -> TableMapping:
+        """The table named `label`; ConfigError naming the mapped tables when there is none."""
+        found = self._by_label.get(label)
+        if found is None:
+            names = ", ".join(m.label for m in self)
+            raise ConfigError(f"no mapped table {label!r} (mapped: {names})")
+        return found
+
 
 class RowView:
     """Typed accessors over one decoded row, raising `MappingError` with the column name."""

@@ -91,6 +91,14 @@ def normalize(content: str, fmt: ContentFormat, options: NormalizeOptions) -> No
     )
 
 
+def normalized_sha256(
+    content: str, fmt: ContentFormat, options: NormalizeOptions | None = None
+) -> str:
+    """The content hash ingest stores and Retrieve and reconcile compare: SHA-256 of the
+    normalized content (default options unless given)."""
+    return content_sha256(normalize(content, fmt, options or NormalizeOptions()).text)
+
+
 # --- whitespace --------------------------------------------------------------------------------
 
 _LINE_BREAKS = re.compile(r"\r\n|[\r\u2028\u2029\x0b\x0c\x85]")

@@ -4,13 +4,19 @@ with a clear error, sha256 pinning, and one CPU session setup."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import numpy.typing as npt
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from ragcore.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tokenizers import Encoding
 
 #: onnxruntime's own exception types (translated to ConfigError when loading, by callers
 #: into their own error types when running).
@@ -24,6 +30,31 @@ ORT_ERRORS: tuple[type[Exception], ...] = (
     ort_state.RuntimeException,
     ort_state.EPFail,
 )
+
+
+_REQUIRED_INPUTS = frozenset({"input_ids", "attention_mask"})
+_OPTIONAL_INPUTS = frozenset({"token_type_ids"})
+_ORT_INT_TYPES: dict[str, type[np.integer[Any]]] = {
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+}
+
+
+def encoder_inputs(session: Any, path: Path) -> dict[str, type[np.integer[Any]]]:
+    """The graph's inputs and their integer dtypes: `input_ids`, `attention_mask` and optionally
+    `token_type_ids`, int64 or int32 (what `padded_inputs` feeds); ConfigError otherwise."""
+    inputs = {i.name: i for i in session.get_inputs()}
+    missing = _REQUIRED_INPUTS - inputs.keys()
+    unknown = inputs.keys() - _REQUIRED_INPUTS - _OPTIONAL_INPUTS
+    if missing or unknown:
+        raise ConfigError(
+            f"{path}: unsupported inputs {sorted(inputs)} (need input_ids, attention_mask, "
+            "optionally token_type_ids)"
+        )
+    for name, meta in inputs.items():
+        if meta.type not in _ORT_INT_TYPES:
+            raise ConfigError(f"{path}: input {name} has type {meta.type}, expected int64/32")
+    return {name: _ORT_INT_TYPES[meta.type] for name, meta in inputs.items()}
 
 
 def sha256_hex(data: bytes) -> str:
@@ -59,3 +90,35 @@ def cpu_session(model: bytes, path: Path, intra_op_threads: int | None) -> Any:
         return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
     except ORT_ERRORS as exc:
         raise ConfigError(f"onnxruntime cannot load ONNX model {path}: {exc}") from exc
+
+
+def padded_inputs(
+    encodings: Sequence[Encoding], pad_id: int, inputs: Mapping[str, Any]
+) -> tuple[dict[str, npt.NDArray[Any]], npt.NDArray[np.int64]]:
+    """The feed of one batch of tokenizer encodings, right-padded with `pad_id` to the longest:
+    `input_ids`, `attention_mask` (0 on padding, so it is masked out of attention and pooling)
+    and `token_type_ids`, each cast to the dtype the model declares for the inputs it has.
+    Also returns the attention mask as int64 (for pooling)."""
+    width = max(len(e.ids) for e in encodings)
+    ids = np.full((len(encodings), width), pad_id, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    types = np.zeros_like(ids)
+    for row, encoding in enumerate(encodings):
+        n = len(encoding.ids)
+        ids[row, :n] = encoding.ids
+        mask[row, :n] = encoding.attention_mask
+        types[row, :n] = encoding.type_ids
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    return {name: feeds[name].astype(dtype, copy=False) for name, dtype in inputs.items()}, mask
+
+
+def run_single_output(
+    session: Any, output: str, feed: Mapping[str, Any], error: type[Exception], prefix: str
+) -> Any:
+    """Run the session for its one output; onnxruntime's errors become `error` (the adapter's
+    own type) with the message `<prefix>: inference failed: ...`."""
+    try:
+        (result,) = session.run([output], dict(feed))
+    except ORT_ERRORS as exc:
+        raise error(f"{prefix}: inference failed: {exc}") from exc
+    return result

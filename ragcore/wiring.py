@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
+from ragcore.embedders import build_embedder
+from ragcore.embedders.base import Embedder
 from ragcore.errors import ConfigError
 from ragcore.mapping import TableCatalog
 from ragcore.plan import ContentHasher, PlanConfig
-from ragcore.settings import SorSettings, StoreSettings
+from ragcore.prepare import Preparer
+from ragcore.settings import ServiceSettings, SorSettings, StoreSettings
 from ragcore.sor.base import SystemOfRecord
 from ragcore.sor.sql import PostgresSor, SqliteSor
+from ragcore.sparse import Bm25Encoder
 from ragcore.store.base import PayloadSchema, VectorStore
 from ragcore.store.edge import EdgeStore
 from ragcore.store.qdrant_remote import QdrantRemoteStore
@@ -18,6 +24,11 @@ from ragcore.store.registry import (
     IndexRegistry,
     QdrantIndexRegistry,
 )
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from ragcore.embedders.cache import EmbeddingCacheConfig
 
 log = logging.getLogger(__name__)
 
@@ -64,3 +75,78 @@ def build_sor(
     if settings.sqlite_path is None:
         raise ConfigError("sor.kind=sqlite needs sor.sqlite_path (RAGSTREAM_SOR__SQLITE_PATH)")
     return SqliteSor(settings.sqlite_path, catalog=catalog, hasher=hasher)
+
+
+class Closable(Protocol):
+    """A part a service closes when it stops."""
+
+    def close(self) -> None:
+        """Release the part's resources."""
+
+
+@dataclass
+class CoreParts:
+    """What both services are built on, wired from their shared settings, and which of those
+    parts were built here (`owned`: the service closes them; injected parts stay open)."""
+
+    embedder: Embedder
+    next_embedder: Embedder | None
+    preparer: Preparer
+    sparse: Bm25Encoder
+    store: VectorStore
+    registry: IndexRegistry
+    sor: SystemOfRecord | None
+    owned: list[Closable] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Close the owned parts, last built first."""
+        for part in reversed(self.owned):
+            part.close()
+
+
+def build_core(
+    settings: ServiceSettings,
+    *,
+    embedder: Embedder | None = None,
+    next_embedder: Embedder | None = None,
+    store: VectorStore | None = None,
+    sor: SystemOfRecord | None = None,
+    cache: EmbeddingCacheConfig | None = None,
+    metrics: CollectorRegistry | None = None,
+) -> CoreParts:
+    """The embedder(s), the preparer, the BM25 encoder, the store with its index registry and
+    the SoR reader of `settings`; given parts are used as they are. `cache` puts the primary
+    embedder behind the embedding cache (its metrics go to `metrics`). If a part fails to build,
+    the ones built before it are closed."""
+    owned: list[Closable] = []
+    try:
+        primary = embedder or build_embedder(settings.embedder, cache=cache, registry=metrics)
+        if embedder is None:
+            owned.append(primary)
+        other = next_embedder
+        if other is None and settings.next_embedder is not None:
+            # uncached: the cache's metrics belong to the primary model (one registration), and
+            # a model being rolled out has no cached vectors worth sharing yet
+            other = build_embedder(settings.next_embedder)
+            owned.append(other)
+        preparer = Preparer(primary.spec, settings.chunking)
+        reader = sor or build_sor(settings.sor, settings.plan.catalog, preparer.content_hash)
+        if sor is None and reader is not None:
+            owned.append(reader)
+        vectors = store or build_store(settings.store, payload_schema(settings.plan))
+        if store is None:
+            owned.append(vectors)
+        return CoreParts(
+            embedder=primary,
+            next_embedder=other,
+            preparer=preparer,
+            sparse=Bm25Encoder(),
+            store=vectors,
+            registry=build_registry(settings.store, vectors),
+            sor=reader,
+            owned=owned,
+        )
+    except BaseException:
+        for part in reversed(owned):
+            part.close()
+        raise

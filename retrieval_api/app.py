@@ -12,17 +12,14 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from ragcore.embedders import build_embedder
 from ragcore.embedders.base import Embedder
 from ragcore.errors import ConfigError, RagstreamError
-from ragcore.prepare import Preparer
 from ragcore.publish import KafkaPublisher, Publisher
-from ragcore.rerankers import RerankerAdapter, build_reranker
+from ragcore.rerankers import build_reranker
 from ragcore.sor.base import SystemOfRecord
-from ragcore.sparse import Bm25Encoder
 from ragcore.store.base import VectorStore
 from ragcore.store.registry import IndexRegistry
-from ragcore.wiring import build_registry, build_sor, build_store, payload_schema
+from ragcore.wiring import Closable, build_core
 from retrieval_api.metrics import RetrieveMetrics
 from retrieval_api.server import Authenticator, RetrieveServer
 from retrieval_api.service import Retriever
@@ -44,7 +41,7 @@ class RetrieveApp:
     sor: SystemOfRecord
     publisher: Publisher | None
     #: what `build_app` created (injected parts belong to their owner and stay open)
-    owned: tuple[Publisher | Embedder | SystemOfRecord | VectorStore | RerankerAdapter, ...] = ()
+    owned: tuple[Closable, ...] = ()
 
     def close(self) -> None:
         """Release what the app created (after the server stopped)."""
@@ -95,29 +92,35 @@ def build_app(
             "retrieval.rerank_enabled is set but no reranker is configured: set "
             "RAGSTREAM_RERANKER__KIND (http | onnx)"
         )
-    own_embedder = embedder or build_embedder(settings.embedder)
-    own_next = next_embedder
-    if own_next is None and settings.next_embedder is not None:
-        own_next = build_embedder(settings.next_embedder)
-    preparer = Preparer(own_embedder.spec, settings.chunking)
-    own_sor = sor or build_sor(settings.sor, settings.plan.catalog, preparer.content_hash)
+    no_sor = ConfigError(
+        "Retrieve verifies every hit against the system of record: set RAGSTREAM_SOR__KIND"
+    )
+    if sor is None and settings.sor.kind == "none":
+        raise no_sor  # before anything is built
+    core = build_core(
+        settings, embedder=embedder, next_embedder=next_embedder, store=store, sor=sor
+    )
+    own_embedder, own_next, own_store = core.embedder, core.next_embedder, core.store
+    index_registry = core.registry
+    own_sor = core.sor
     if own_sor is None:
-        raise ConfigError(
-            "Retrieve verifies every hit against the system of record: set RAGSTREAM_SOR__KIND"
-        )
-    own_store = store or build_store(settings.store, payload_schema(settings.plan))
-    index_registry = build_registry(settings.store, own_store)
+        core.close()
+        raise no_sor
+    created: list[Closable] = []
     own_publisher = publisher
     if own_publisher is None and settings.publish_enabled:
         own_publisher = KafkaPublisher(settings.kafka, registry)
+        created.append(own_publisher)
     key = settings.audit_hmac_key.get_secret_value().encode() if settings.audit_hmac_key else None
     own_reranker = (
         build_reranker(settings.reranker) if rerank and settings.reranker is not None else None
     )
+    if own_reranker is not None:
+        created.append(own_reranker)
     retriever = Retriever(
         config=settings.retrieval,
         embedder=own_embedder,
-        sparse=Bm25Encoder(),
+        sparse=core.sparse,
         store=own_store,
         registry=index_registry,
         sor=own_sor,
@@ -153,18 +156,7 @@ def build_app(
         health_check=health_check,
         health_interval_s=settings.health_check_interval_s,
     )
-    owned = [
-        part
-        for part, injected in (
-            (own_publisher, publisher),
-            (own_embedder, embedder),
-            (own_next, next_embedder),
-            (own_sor, sor),
-            (own_store, store),
-            (own_reranker, None),
-        )
-        if part is not None and injected is None
-    ]
+    owned = [*core.owned, *created]
     app = RetrieveApp(
         settings=settings,
         server=server,

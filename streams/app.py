@@ -13,17 +13,15 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from ragcore.embedders import build_embedder
 from ragcore.embedders.base import Embedder
 from ragcore.embedders.models import EmbeddingModels
 from ragcore.errors import ConfigError, RagstreamError, SorUnavailableError
 from ragcore.plan import Plan, plan_event
 from ragcore.prepare import Preparer
 from ragcore.sor.base import SystemOfRecord
-from ragcore.sparse import Bm25Encoder
 from ragcore.store.base import VectorStore
 from ragcore.store.registry import IndexRegistry
-from ragcore.wiring import build_registry, build_sor, build_store, payload_schema
+from ragcore.wiring import Closable, build_core, payload_schema
 from schemas.events import ChangeEvent, RawRecord
 from streams.consumer import ConsumerLoop, install_signal_handlers
 from streams.decode import DecodeOptions, decode_record
@@ -31,7 +29,7 @@ from streams.ingest import IngestHandler
 from streams.metrics import IngestMetrics
 from streams.reconcile import ReconcileMetrics, ReconcileReport, reconcile
 from streams.settings import IngestSettings
-from streams.wiring import RegistryTargets, SorRows, build_ingest_embedder
+from streams.wiring import RegistryTargets, SorRows
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +51,7 @@ class IngestWorker:
     sor: SystemOfRecord | None = None
     stop: threading.Event = field(default_factory=threading.Event)
     #: what `build_worker` created (injected parts belong to their owner and stay open)
-    owned: tuple[Embedder | VectorStore | SystemOfRecord, ...] = ()
+    owned: tuple[Closable, ...] = ()
 
     def check(self) -> None:
         """Fail fast: embedders usable, every tenant's active index built with one of them."""
@@ -195,27 +193,26 @@ def build_worker(
         update={"topics": consumed_topics(settings.consumer.topics, settings)}
     )
     metrics = IngestMetrics(registry)
-    injected = (embedder, store)
-    own_embedder = embedder or build_ingest_embedder(settings, registry)
-    preparer = Preparer(own_embedder.spec, settings.chunking)
-    store = store or build_store(settings.store, payload_schema(settings.plan))
-    owned: list[Embedder | VectorStore | SystemOfRecord] = []
-    if embedder is None:
-        owned.append(own_embedder)
-    other = next_embedder
-    if other is None and settings.next_embedder is not None:
-        # uncached: the cache's metrics belong to the primary model (one registration), and a
-        # model being rolled out has no cached vectors worth sharing yet
-        other = build_embedder(settings.next_embedder)
-        owned.append(other)
-    models = EmbeddingModels(own_embedder, [other] if other is not None else [])
-    if injected[1] is None:
-        owned.append(store)
-    index_registry = build_registry(settings.store, store)
-    sparse = Bm25Encoder()
+    core = build_core(
+        settings,
+        embedder=embedder,
+        next_embedder=next_embedder,
+        store=store,
+        cache=settings.embedding_cache,
+        metrics=registry,
+    )
+    own_embedder, preparer, store, sparse, sor = (
+        core.embedder,
+        core.preparer,
+        core.store,
+        core.sparse,
+        core.sor,
+    )
+    others = [core.next_embedder] if core.next_embedder is not None else []
+    models = EmbeddingModels(own_embedder, others)
+    index_registry = core.registry
     targets = RegistryTargets(index_registry, [e.spec for e in models], sparse, store)
     catalog = settings.plan.catalog
-    sor = build_sor(settings.sor, catalog, preparer.content_hash)
     options = DecodeOptions(
         envelope=settings.decode.envelope,
         heartbeat_topic_prefix=settings.decode.heartbeat_topic_prefix,
@@ -258,7 +255,7 @@ def build_worker(
         metrics=metrics,
         reconcile_metrics=ReconcileMetrics(registry),
         sor=sor,
-        owned=(*owned, *([sor] if sor is not None else [])),
+        owned=tuple(core.owned),
     )
 
 

@@ -8,10 +8,6 @@ import threading
 import time
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry
-
-from ragcore.embedders import build_embedder
-from ragcore.embedders.base import Embedder
 from ragcore.embedders.spec import EmbeddingSpec
 from ragcore.errors import ManifestMismatchError, MappingError
 from ragcore.plan import Plan
@@ -21,14 +17,8 @@ from ragcore.store.base import VectorStore
 from ragcore.store.registry import IndexManifest, IndexRegistry, manifest_matches
 from schemas.entities import Entity
 from streams.ingest import TargetIndex
-from streams.settings import IngestSettings
 
 log = logging.getLogger(__name__)
-
-
-def build_ingest_embedder(settings: IngestSettings, registry: CollectorRegistry) -> Embedder:
-    """The configured embedder, behind the persistent embedding cache when configured."""
-    return build_embedder(settings.embedder, cache=settings.embedding_cache, registry=registry)
 
 
 class RegistryTargets:

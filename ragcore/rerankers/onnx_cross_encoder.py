@@ -27,7 +27,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Encoding, Tokenizer
 
 from ragcore.errors import ConfigError
-from ragcore.onnx_common import ORT_ERRORS, cpu_session, read_file, read_pinned, sha256_hex
+from ragcore.onnx_common import (
+    cpu_session,
+    encoder_inputs,
+    padded_inputs,
+    read_file,
+    read_pinned,
+    run_single_output,
+    sha256_hex,
+)
 from ragcore.rerankers import RerankError
 
 __all__ = ["OnnxCrossEncoder", "OnnxRerankerConfig"]
@@ -35,12 +43,6 @@ __all__ = ["OnnxCrossEncoder", "OnnxRerankerConfig"]
 log = logging.getLogger(__name__)
 
 # onnxruntime's own exception classes derive straight from Exception; translate exactly these.
-_REQUIRED_INPUTS = frozenset({"input_ids", "attention_mask"})
-_OPTIONAL_INPUTS = frozenset({"token_type_ids"})
-_ORT_INT_TYPES: dict[str, type[np.integer[Any]]] = {
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-}
 _PAD_TOKENS = ("[PAD]", "<pad>")
 
 
@@ -163,18 +165,7 @@ class OnnxCrossEncoder:
         return session
 
     def _check_signature(self, session: Any, path: Path) -> None:
-        inputs = {i.name: i for i in session.get_inputs()}
-        missing = _REQUIRED_INPUTS - set(inputs)
-        unknown = set(inputs) - _REQUIRED_INPUTS - _OPTIONAL_INPUTS
-        if missing or unknown:
-            raise ConfigError(
-                f"{path}: unsupported inputs {sorted(inputs)} (need input_ids, attention_mask, "
-                "optionally token_type_ids)"
-            )
-        for name, meta in inputs.items():
-            if meta.type not in _ORT_INT_TYPES:
-                raise ConfigError(f"{path}: input {name} has type {meta.type}, expected int64/32")
-        self._inputs = {name: _ORT_INT_TYPES[meta.type] for name, meta in inputs.items()}
+        self._inputs = encoder_inputs(session, path)
 
         outputs = {o.name: o for o in session.get_outputs()}
         if "logits" in outputs:
@@ -231,21 +222,10 @@ class OnnxCrossEncoder:
     # --- inference -----------------------------------------------------------------------
 
     def _run_batch(self, session: Any, encodings: list[Encoding]) -> npt.NDArray[np.float64]:
-        width = max(len(e.ids) for e in encodings)
-        ids = np.full((len(encodings), width), self._pad_id, dtype=np.int64)
-        mask = np.zeros_like(ids)
-        types = np.zeros_like(ids)
-        for row, encoding in enumerate(encodings):
-            n = len(encoding.ids)
-            ids[row, :n] = encoding.ids
-            mask[row, :n] = encoding.attention_mask
-            types[row, :n] = encoding.type_ids
-        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-        feed = {name: feeds[name].astype(dtype, copy=False) for name, dtype in self._inputs.items()}
-        try:
-            (output,) = session.run([self._output], feed)
-        except ORT_ERRORS as exc:
-            raise RerankError(f"cross-encoder {self._name}: inference failed: {exc}") from exc
+        feed, _ = padded_inputs(encodings, self._pad_id, self._inputs)
+        output = run_single_output(
+            session, self._output, feed, RerankError, f"cross-encoder {self._name}"
+        )
         logits = np.asarray(output, dtype=np.float64)
         if logits.shape not in ((len(encodings),), (len(encodings), 1)):
             raise RerankError(

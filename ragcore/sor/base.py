@@ -214,10 +214,7 @@ def tables_of(catalog: TableCatalog, table: str | None) -> list[TableMapping]:
     """One table by name, or all of them."""
     if table is None:
         return list(catalog)
-    found = catalog.by_label(table)
-    if found is None:
-        raise ConfigError(f"no mapped table named {table!r}")
-    return [found]
+    return [catalog.require(table)]
 
 
 def per_tenant(mappings: Sequence[TableMapping], tenant_id: str) -> list[TableMapping]:

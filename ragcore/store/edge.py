@@ -27,12 +27,11 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 import qdrant_edge as qe
 
 from ragcore.errors import StoreError
@@ -41,24 +40,16 @@ from ragcore.store.base import (
     ENTITY_ID,
     SPARSE_VECTOR,
     TENANT_ID,
-    ChunkRef,
-    DenseVector,
-    HybridResult,
     PayloadSchema,
     PointRecord,
-    ScoredHit,
     SparseVector,
-    StoredPoint,
     StoreFilter,
     check_payload_update,
-    check_tenant,
-    chunk_manifest,
     datetime_bounds,
     numeric_bounds,
-    payload_selection,
-    split_engine_vectors,
 )
-from ragcore.store.ids import validate_collection_name, validate_tenant
+from ragcore.store.engine import QdrantEngineReads
+from ragcore.store.ids import validate_collection_name
 
 T = TypeVar("T")
 
@@ -131,19 +122,11 @@ def _release_runtime(runtime: _Runtime) -> None:
         raise StoreError("qdrant-edge close failed: " + "; ".join(errors))
 
 
-def _str_id(value: object) -> str:
-    return str(value)
-
-
-def _dense_list(vector: DenseVector) -> list[float]:
-    return np.asarray(vector, dtype=np.float32).reshape(-1).tolist()
-
-
 def _to_sparse(vector: SparseVector) -> qe.SparseVector:
     return qe.SparseVector(list(vector.indices), list(vector.values))
 
 
-class EdgeStore:
+class EdgeStore(QdrantEngineReads):
     """`VectorStore` on qdrant-edge shards under `data_dir` (see the module docstring)."""
 
     def __init__(
@@ -394,154 +377,64 @@ class EdgeStore:
                 must.append(qe.FieldCondition(key, range=qe.RangeFloat(fgte, fgt, flte, flt)))
         return qe.Filter(must=must)
 
-    def _hits(self, points: list[qe.ScoredPoint], tenant_id: str) -> list[ScoredHit]:
-        hits = [
-            ScoredHit(
-                point_id=_str_id(p.id),
-                score=float(p.score),
-                payload=p.payload or {},
-                dense=split_engine_vectors(p.vector)[0],
-            )
-            for p in points
-        ]
-        check_tenant(hits, tenant_id)
-        return hits
+    def _sparse_query(self, sparse: SparseVector) -> qe.SparseVector:
+        return _to_sparse(sparse)
 
-    def _query(
-        self, vector: Any, using: str, store_filter: StoreFilter, limit: int, with_vectors: bool
+    def _request(
+        self, query: Any, using: str, condition: qe.Filter, limit: int, with_vectors: bool
     ) -> qe.QueryRequest:
-        if limit <= 0:
-            raise ValueError(f"limit must be > 0, got {limit}")
         return qe.QueryRequest(
             limit=limit,
-            query=qe.Query.Nearest(vector, using=using),
-            filter=self._filter(store_filter),
+            query=qe.Query.Nearest(query, using=using),
+            filter=condition,
             with_payload=True,
             with_vector=[DENSE_VECTOR] if with_vectors else False,
             params=self._search_params,
         )
 
-    def search_dense(
-        self,
-        name: str,
-        vector: DenseVector,
-        filter: StoreFilter,
-        *,
-        limit: int,
-        with_vectors: bool = False,
-    ) -> list[ScoredHit]:
-        """Nearest points by cosine similarity, best first."""
-        request = self._query(_dense_list(vector), DENSE_VECTOR, filter, limit, with_vectors)
+    def _run(self, name: str, requests: Sequence[qe.QueryRequest]) -> list[Sequence[Any]]:
         handle = self._open(name)
-        return self._hits(
-            _vendor(f"query {name}", lambda: handle.shard.query(request)), filter.tenant_id
-        )
+        if len(requests) == 1:
+            (request,) = requests
+            return [_vendor(f"query {name}", lambda: handle.shard.query(request))]
+        batch = qe.QueryBatchRequest(list(requests))
+        # one planned pass over the segments for both branches of a hybrid search
+        return list(_vendor(f"query_batch {name}", lambda: handle.shard.query_batch(batch)))
 
-    def search_sparse(
-        self, name: str, sparse: SparseVector, filter: StoreFilter, *, limit: int
-    ) -> list[ScoredHit]:
-        """Best points by sparse dot product with IDF, best first (empty query: no hits)."""
-        if not len(sparse):
-            return []
-        request = self._query(_to_sparse(sparse), SPARSE_VECTOR, filter, limit, False)
+    def _fetch(self, name: str, ids: Sequence[str], with_vectors: bool) -> Sequence[Any]:
         handle = self._open(name)
-        return self._hits(
-            _vendor(f"query {name}", lambda: handle.shard.query(request)), filter.tenant_id
-        )
-
-    def search_hybrid(
-        self,
-        name: str,
-        dense: DenseVector,
-        sparse: SparseVector,
-        filter: StoreFilter,
-        *,
-        limit: int,
-        prefetch_limit: int,
-    ) -> HybridResult:
-        """Dense and sparse branches as one `query_batch` (one planned pass over the segments)."""
-        if prefetch_limit < limit:
-            raise ValueError(f"prefetch_limit ({prefetch_limit}) must be >= limit ({limit})")
-        requests = [self._query(_dense_list(dense), DENSE_VECTOR, filter, prefetch_limit, False)]
-        if len(sparse):
-            requests.append(
-                self._query(_to_sparse(sparse), SPARSE_VECTOR, filter, prefetch_limit, False)
-            )
-        handle = self._open(name)
-        batch = qe.QueryBatchRequest(requests)
-        results = _vendor(f"query_batch {name}", lambda: handle.shard.query_batch(batch))
-        dense_hits = self._hits(results[0], filter.tenant_id)
-        sparse_hits = self._hits(results[1], filter.tenant_id) if len(results) > 1 else []
-        return HybridResult(tuple(dense_hits), tuple(sparse_hits), limit)
-
-    def _stored(self, record: qe.Record) -> StoredPoint:
-        dense, sparse = split_engine_vectors(record.vector)
-        return StoredPoint(_str_id(record.id), record.payload or {}, dense, sparse)
-
-    def retrieve(
-        self, name: str, ids: Sequence[str], tenant_id: str, with_vectors: bool = False
-    ) -> list[StoredPoint]:
-        """The tenant's points among `ids`, in the order of `ids` (missing ids are omitted)."""
-        validate_tenant(tenant_id)
-        if not ids:
-            return []
-        handle = self._open(name)
-        records = _vendor(
+        return _vendor(
             f"retrieve {name}",
             lambda: handle.shard.retrieve(
                 list(ids), with_payload=True, with_vector=bool(with_vectors)
             ),
         )
-        by_id = {_str_id(r.id): r for r in records}
-        found = [self._stored(by_id[i]) for i in dict.fromkeys(ids) if i in by_id]
-        return [p for p in found if p.payload.get(TENANT_ID) == tenant_id]
+
+    def _scroll_page(
+        self,
+        name: str,
+        condition: qe.Filter,
+        *,
+        limit: int,
+        offset: Any,
+        keys: list[str] | None,
+        with_vectors: bool,
+    ) -> tuple[Sequence[Any], Any]:
+        handle = self._open(name)
+        request = qe.ScrollRequest(
+            offset=offset,
+            limit=limit,
+            filter=condition,
+            with_payload=True if keys is None else qe.PayloadSelector.Include(keys),
+            with_vector=bool(with_vectors),
+        )
+        return _vendor(f"scroll {name}", lambda: handle.shard.scroll(request))
 
     def count(self, name: str, filter: StoreFilter) -> int:
         """Exact number of points matching the filter."""
         request = qe.CountRequest(exact=True, filter=self._filter(filter))
         handle = self._open(name)
         return _vendor(f"count {name}", lambda: handle.shard.count(request))
-
-    def scroll(
-        self,
-        name: str,
-        filter: StoreFilter,
-        batch: int = 256,
-        with_vectors: bool = False,
-        *,
-        fields: Sequence[str] | None = None,
-    ) -> Iterator[StoredPoint]:
-        """Every matching point, `batch` at a time, ordered by point id; `fields` selects the
-        payload keys (None: the whole payload; `tenant_id` is always included)."""
-        if batch <= 0:
-            raise ValueError(f"batch must be > 0, got {batch}")
-        keys = payload_selection(fields)
-        with_payload: bool | qe.PayloadSelector = (
-            True if keys is None else qe.PayloadSelector.Include(keys)
-        )
-        condition = self._filter(filter)
-        handle = self._open(name)
-        offset: Any = None
-        while True:
-            request = qe.ScrollRequest(
-                offset=offset,
-                limit=batch,
-                filter=condition,
-                with_payload=with_payload,
-                with_vector=bool(with_vectors),
-            )
-            records, offset = _vendor(f"scroll {name}", lambda r=request: handle.shard.scroll(r))  # type: ignore[misc]
-            points = [self._stored(r) for r in records]
-            check_tenant(points, filter.tenant_id)
-            yield from points
-            if offset is None:
-                return
-
-    def entity_chunks(self, name: str, tenant_id: str, entity_id: str) -> dict[str, ChunkRef]:
-        """chunk_id -> ChunkRef for every point of the entity (StoreError on duplicate chunks)."""
-        return chunk_manifest(
-            self.scroll(name, StoreFilter(tenant_id=tenant_id, entity_ids=(entity_id,)))
-        )
 
     def close(self) -> None:
         """Release this store's hold; the last store of the data dir flushes and closes shards."""

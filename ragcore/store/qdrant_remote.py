@@ -16,13 +16,12 @@ everything else becomes StoreError with the vendor's message.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 import httpx
-import numpy as np
 from qdrant_client import QdrantClient, models
 from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
@@ -34,24 +33,16 @@ from ragcore.store.base import (
     ENTITY_TYPE,
     SPARSE_VECTOR,
     TENANT_ID,
-    ChunkRef,
-    DenseVector,
-    HybridResult,
     PayloadSchema,
     PointRecord,
-    ScoredHit,
     SparseVector,
-    StoredPoint,
     StoreFilter,
     check_payload_update,
-    check_tenant,
-    chunk_manifest,
     datetime_bounds,
     numeric_bounds,
-    payload_selection,
-    split_engine_vectors,
 )
-from ragcore.store.ids import validate_collection_name, validate_tenant
+from ragcore.store.engine import QdrantEngineReads
+from ragcore.store.ids import validate_collection_name
 
 T = TypeVar("T")
 
@@ -98,15 +89,11 @@ def _vendor(what: str, fn: Callable[[], T]) -> T:
         raise translate_error(what, exc) from exc
 
 
-def _dense_list(vector: DenseVector) -> list[float]:
-    return np.asarray(vector, dtype=np.float32).reshape(-1).tolist()
-
-
 def _to_sparse(vector: SparseVector) -> models.SparseVector:
     return models.SparseVector(indices=list(vector.indices), values=list(vector.values))
 
 
-class QdrantRemoteStore:
+class QdrantRemoteStore(QdrantEngineReads):
     """`VectorStore` over a `QdrantClient` (server or local mode)."""
 
     def __init__(
@@ -414,115 +401,58 @@ class QdrantRemoteStore:
                 )
         return models.Filter(must=must)
 
-    def _hits(self, points: Sequence[models.ScoredPoint], tenant_id: str) -> list[ScoredHit]:
-        hits = [
-            ScoredHit(
-                point_id=str(p.id),
-                score=float(p.score),
-                payload=p.payload or {},
-                dense=split_engine_vectors(p.vector)[0],
-            )
-            for p in points
-        ]
-        check_tenant(hits, tenant_id)
-        return hits
+    def _sparse_query(self, sparse: SparseVector) -> models.SparseVector:
+        return _to_sparse(sparse)
 
     def _request(
-        self,
-        query: Any,
-        using: str,
-        store_filter: StoreFilter,
-        limit: int,
-        with_vectors: bool,
+        self, query: Any, using: str, condition: models.Filter, limit: int, with_vectors: bool
     ) -> models.QueryRequest:
-        if limit <= 0:
-            raise ValueError(f"limit must be > 0, got {limit}")
         return models.QueryRequest(
             query=query,
             using=using,
-            filter=self._filter(store_filter),
+            filter=condition,
             limit=limit,
             with_payload=True,
             with_vector=[DENSE_VECTOR] if with_vectors else False,
         )
 
-    def _query(self, name: str, request: models.QueryRequest) -> list[models.ScoredPoint]:
-        # A batch of one: the same request type as hybrid search, one code path.
+    def _run(self, name: str, requests: Sequence[models.QueryRequest]) -> list[Sequence[Any]]:
+        # A search of one branch is a batch of one: one request type, one code path.
+        label = f"{'query' if len(requests) == 1 else 'query_batch'} {name}"
         responses = _vendor(
-            f"query {name}", lambda: self._client.query_batch_points(name, requests=[request])
+            label, lambda: self._client.query_batch_points(name, requests=list(requests))
         )
-        return list(responses[0].points)
+        return [list(response.points) for response in responses]
 
-    def search_dense(
-        self,
-        name: str,
-        vector: DenseVector,
-        filter: StoreFilter,
-        *,
-        limit: int,
-        with_vectors: bool = False,
-    ) -> list[ScoredHit]:
-        """Nearest points by cosine similarity, best first."""
-        request = self._request(_dense_list(vector), DENSE_VECTOR, filter, limit, with_vectors)
-        return self._hits(self._query(name, request), filter.tenant_id)
-
-    def search_sparse(
-        self, name: str, sparse: SparseVector, filter: StoreFilter, *, limit: int
-    ) -> list[ScoredHit]:
-        """Best points by sparse dot product with IDF, best first (empty query: no hits)."""
-        if not len(sparse):
-            return []
-        request = self._request(_to_sparse(sparse), SPARSE_VECTOR, filter, limit, False)
-        return self._hits(self._query(name, request), filter.tenant_id)
-
-    def search_hybrid(
-        self,
-        name: str,
-        dense: DenseVector,
-        sparse: SparseVector,
-        filter: StoreFilter,
-        *,
-        limit: int,
-        prefetch_limit: int,
-    ) -> HybridResult:
-        """Dense and sparse branches in one `query_batch_points` round trip."""
-        if prefetch_limit < limit:
-            raise ValueError(f"prefetch_limit ({prefetch_limit}) must be >= limit ({limit})")
-        requests = [self._request(_dense_list(dense), DENSE_VECTOR, filter, prefetch_limit, False)]
-        if len(sparse):
-            requests.append(
-                self._request(_to_sparse(sparse), SPARSE_VECTOR, filter, prefetch_limit, False)
-            )
-        responses = _vendor(
-            f"query_batch {name}",
-            lambda: self._client.query_batch_points(name, requests=requests),
-        )
-        dense_hits = self._hits(responses[0].points, filter.tenant_id)
-        sparse_hits = (
-            self._hits(responses[1].points, filter.tenant_id) if len(responses) > 1 else []
-        )
-        return HybridResult(tuple(dense_hits), tuple(sparse_hits), limit)
-
-    def _stored(self, record: models.Record) -> StoredPoint:
-        dense, sparse = split_engine_vectors(record.vector)
-        return StoredPoint(str(record.id), record.payload or {}, dense, sparse)
-
-    def retrieve(
-        self, name: str, ids: Sequence[str], tenant_id: str, with_vectors: bool = False
-    ) -> list[StoredPoint]:
-        """The tenant's points among `ids`, in the order of `ids` (missing ids are omitted)."""
-        validate_tenant(tenant_id)
-        if not ids:
-            return []
-        records = _vendor(
+    def _fetch(self, name: str, ids: Sequence[str], with_vectors: bool) -> Sequence[Any]:
+        return _vendor(
             f"retrieve {name}",
             lambda: self._client.retrieve(
                 name, ids=list(ids), with_payload=True, with_vectors=with_vectors
             ),
         )
-        by_id = {str(r.id): r for r in records}
-        found = [self._stored(by_id[i]) for i in dict.fromkeys(ids) if i in by_id]
-        return [p for p in found if p.payload.get(TENANT_ID) == tenant_id]
+
+    def _scroll_page(
+        self,
+        name: str,
+        condition: models.Filter,
+        *,
+        limit: int,
+        offset: Any,
+        keys: list[str] | None,
+        with_vectors: bool,
+    ) -> tuple[Sequence[Any], Any]:
+        return _vendor(
+            f"scroll {name}",
+            lambda: self._client.scroll(
+                name,
+                scroll_filter=condition,
+                limit=limit,
+                offset=offset,
+                with_payload=True if keys is None else keys,
+                with_vectors=with_vectors,
+            ),
+        )
 
     def count(self, name: str, filter: StoreFilter) -> int:
         """Exact number of points matching the filter."""
@@ -532,47 +462,6 @@ class QdrantRemoteStore:
             lambda: self._client.count(name, count_filter=condition, exact=True),
         )
         return int(result.count)
-
-    def scroll(
-        self,
-        name: str,
-        filter: StoreFilter,
-        batch: int = 256,
-        with_vectors: bool = False,
-        *,
-        fields: Sequence[str] | None = None,
-    ) -> Iterator[StoredPoint]:
-        """Every matching point, `batch` at a time, ordered by point id; `fields` selects the
-        payload keys (None: the whole payload; `tenant_id` is always included)."""
-        if batch <= 0:
-            raise ValueError(f"batch must be > 0, got {batch}")
-        keys = payload_selection(fields)
-        with_payload: bool | list[str] = True if keys is None else keys
-        condition = self._filter(filter)
-        offset: Any = None
-        while True:
-            records, offset = _vendor(
-                f"scroll {name}",
-                lambda o=offset: self._client.scroll(  # type: ignore[misc]
-                    name,
-                    scroll_filter=condition,
-                    limit=batch,
-                    offset=o,
-                    with_payload=with_payload,
-                    with_vectors=with_vectors,
-                ),
-            )
-            points = [self._stored(r) for r in records]
-            check_tenant(points, filter.tenant_id)
-            yield from points
-            if offset is None:
-                return
-
-    def entity_chunks(self, name: str, tenant_id: str, entity_id: str) -> dict[str, ChunkRef]:
-        """chunk_id -> ChunkRef for every point of the entity (StoreError on duplicate chunks)."""
-        return chunk_manifest(
-            self.scroll(name, StoreFilter(tenant_id=tenant_id, entity_ids=(entity_id,)))
-        )
 
     def close(self) -> None:
         """Close the client if this store created it (idempotent)."""

@@ -66,7 +66,13 @@ from schemas.events import (
     SnapshotMarker,
     SourceInfo,
 )
-from streams.decode.logical_types import ColumnType, ConnectSchema, convert_value, decode_base64
+from streams.decode.logical_types import (
+    ColumnType,
+    ConnectSchema,
+    convert_value,
+    decode_base64,
+    json_type,
+)
 
 __all__ = [
     "NEW_KEY_HEADER",
@@ -256,22 +262,6 @@ def decode_record(raw: RawRecord, options: DecodeOptions | None = None) -> Chang
 # --- JSON helpers ----------------------------------------------------------------------------
 
 
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
-
-
 def _keys(obj: Mapping[str, Any]) -> str:
     names = sorted(obj)
     shown = ", ".join(repr(name[:40]) for name in names[:8])
@@ -314,7 +304,7 @@ def _opt_int(obj: Mapping[str, Any], key: str, path: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise DecodeError(f"{path}.{key}: expected an integer or null, found {_json_type(value)}")
+        raise DecodeError(f"{path}.{key}: expected an integer or null, found {json_type(value)}")
     return value
 
 
@@ -322,7 +312,7 @@ def _opt_str(obj: Mapping[str, Any], key: str, path: str) -> str | None:
     value = obj.get(key)
     if value is None or isinstance(value, str):
         return value
-    raise DecodeError(f"{path}.{key}: expected a string or null, found {_json_type(value)}")
+    raise DecodeError(f"{path}.{key}: expected a string or null, found {json_type(value)}")
 
 
 def _snapshot(value: Any, path: str) -> SnapshotMarker:
@@ -338,7 +328,7 @@ def _snapshot(value: Any, path: str) -> SnapshotMarker:
             raise DecodeError(
                 f"{path}: unknown snapshot marker {value[:40]!r} (known: {allowed})"
             ) from None
-    raise DecodeError(f"{path}: expected a string or boolean, found {_json_type(value)}")
+    raise DecodeError(f"{path}: expected a string or boolean, found {json_type(value)}")
 
 
 def _source_info(obj: Mapping[str, Any], path: str, keys: Mapping[str, str]) -> SourceInfo:
@@ -415,7 +405,7 @@ class _Decoder:
         if payload is None:  # a JsonConverter envelope around a null value
             return self._tombstone(self._topic_table())
         if not isinstance(payload, dict):
-            raise DecodeError(f"{path}: expected a JSON object, found {_json_type(payload)}")
+            raise DecodeError(f"{path}: expected a JSON object, found {json_type(payload)}")
         if _is_transaction_marker(payload):
             return ChangeEvent(kind=RecordKind.TRANSACTION, position=raw.position)
         if self.opts.envelope == "unwrapped":
@@ -468,7 +458,7 @@ class _Decoder:
             return None
         if not isinstance(payload, dict):
             raise DecodeError(
-                f"{payload_path}: expected an object of key columns, found {_json_type(payload)}"
+                f"{payload_path}: expected an object of key columns, found {json_type(payload)}"
             )
         lookup = _row_fields(schema, hints)
         return {
@@ -504,7 +494,7 @@ class _Decoder:
         if row is None:
             return None, frozenset()
         if not isinstance(row, dict):
-            raise DecodeError(f"{path}: expected an object or null, found {_json_type(row)}")
+            raise DecodeError(f"{path}: expected an object or null, found {json_type(row)}")
         decoded: dict[str, Any] = {}
         unavailable: set[str] = set()
         for column, value in row.items():
@@ -523,7 +513,7 @@ class _Decoder:
         source_obj = payload.get("source")
         if source_obj is not None and not isinstance(source_obj, dict):
             raise DecodeError(
-                f"{path}.source: expected an object or null, found {_json_type(source_obj)}"
+                f"{path}.source: expected an object or null, found {json_type(source_obj)}"
             )
         source = (
             None if source_obj is None else _source_info(source_obj, f"{path}.source", _SOURCE_KEYS)
@@ -588,7 +578,7 @@ class _Decoder:
                 )
             raise DecodeError(f"{path}.op: missing ('before'/'after' present but no operation)")
         if not isinstance(raw_op, str):
-            raise DecodeError(f"{path}.op: expected a string, found {_json_type(raw_op)}")
+            raise DecodeError(f"{path}.op: expected a string, found {json_type(raw_op)}")
         try:
             return Op(raw_op)
         except ValueError:
@@ -598,13 +588,13 @@ class _Decoder:
 
     def _message(self, message: Any, path: str) -> tuple[str, bytes]:
         if not isinstance(message, dict):
-            raise DecodeError(f"{path}: expected an object, found {_json_type(message)}")
+            raise DecodeError(f"{path}: expected an object, found {json_type(message)}")
         prefix = message.get("prefix")
         if not isinstance(prefix, str):
-            raise DecodeError(f"{path}.prefix: expected a string, found {_json_type(prefix)}")
+            raise DecodeError(f"{path}.prefix: expected a string, found {json_type(prefix)}")
         content = message.get("content")
         if not isinstance(content, str):
-            raise DecodeError(f"{path}.content: expected base64 text, found {_json_type(content)}")
+            raise DecodeError(f"{path}.content: expected base64 text, found {json_type(content)}")
         return prefix, decode_base64(content, where=f"{path}.content")
 
     def _decode_unwrapped(
@@ -642,7 +632,7 @@ class _Decoder:
         if raw_op is None:
             return Op.DELETE if deleted else self.opts.unwrapped_default_op
         if not isinstance(raw_op, str):
-            raise DecodeError(f"{path}.__op: expected a string, found {_json_type(raw_op)}")
+            raise DecodeError(f"{path}.__op: expected a string, found {json_type(raw_op)}")
         try:
             op = Op(raw_op)
         except ValueError:

@@ -210,40 +210,40 @@ def _schema_from_json(obj: object, path: str, depth: int) -> ConnectSchema:
     if depth > _MAX_SCHEMA_DEPTH:
         raise DecodeError(f"{path}: schema nested deeper than {_MAX_SCHEMA_DEPTH} levels")
     if not isinstance(obj, dict):
-        raise DecodeError(f"{path}: expected a schema object, found {_json_type(obj)}")
+        raise DecodeError(f"{path}: expected a schema object, found {json_type(obj)}")
     type_ = obj.get("type")
     name = obj.get("name")
     if type_ is not None and not isinstance(type_, str):
-        raise DecodeError(f"{path}.type: expected a string, found {_json_type(type_)}")
+        raise DecodeError(f"{path}.type: expected a string, found {json_type(type_)}")
     if name is not None and not isinstance(name, str):
-        raise DecodeError(f"{path}.name: expected a string, found {_json_type(name)}")
+        raise DecodeError(f"{path}.name: expected a string, found {json_type(name)}")
     raw_params = obj.get("parameters")
     params: dict[str, str] = {}
     if raw_params is not None:
         if not isinstance(raw_params, dict):
             raise DecodeError(
-                f"{path}.parameters: expected an object, found {_json_type(raw_params)}"
+                f"{path}.parameters: expected an object, found {json_type(raw_params)}"
             )
         for key, value in raw_params.items():
             if not isinstance(value, str):
                 raise DecodeError(
-                    f"{path}.parameters.{key}: expected a string, found {_json_type(value)}"
+                    f"{path}.parameters.{key}: expected a string, found {json_type(value)}"
                 )
             params[key] = value
     fields: dict[str, ConnectSchema] | None = None
     raw_fields = obj.get("fields")
     if raw_fields is not None:
         if not isinstance(raw_fields, list):
-            raise DecodeError(f"{path}.fields: expected an array, found {_json_type(raw_fields)}")
+            raise DecodeError(f"{path}.fields: expected an array, found {json_type(raw_fields)}")
         fields = {}
         for index, raw_field in enumerate(raw_fields):
             where = f"{path}.fields[{index}]"
             if not isinstance(raw_field, dict):
-                raise DecodeError(f"{where}: expected an object, found {_json_type(raw_field)}")
+                raise DecodeError(f"{where}: expected an object, found {json_type(raw_field)}")
             field_name = raw_field.get("field")
             if not isinstance(field_name, str):
                 raise DecodeError(
-                    f"{where}.field: expected a string, found {_json_type(field_name)}"
+                    f"{where}.field: expected a string, found {json_type(field_name)}"
                 )
             if field_name in fields:
                 raise DecodeError(f"{where}.field: duplicate field {field_name!r}")
@@ -312,7 +312,7 @@ def convert_value(value: Any, schema: ConnectSchema, *, where: str, clamp: bool 
         return _bytes(value, schema.parameters, where, clamp)
     if schema.type == "array" and schema.items is not None:
         if not isinstance(value, list):
-            raise DecodeError(f"{where}: schema says array, found {_json_type(value)}")
+            raise DecodeError(f"{where}: schema says array, found {json_type(value)}")
         items = schema.items
         return [
             convert_value(item, items, where=f"{where}[{i}]", clamp=clamp)
@@ -320,7 +320,7 @@ def convert_value(value: Any, schema: ConnectSchema, *, where: str, clamp: bool 
         ]
     if schema.type == "struct" and schema.fields is not None:
         if not isinstance(value, dict):
-            raise DecodeError(f"{where}: schema says struct, found {_json_type(value)}")
+            raise DecodeError(f"{where}: schema says struct, found {json_type(value)}")
         fields = schema.fields
         return {
             key: (
@@ -392,7 +392,7 @@ def to_epoch_micros(value: datetime | date | int) -> int:
     elif isinstance(value, date):
         delta = datetime(value.year, value.month, value.day, tzinfo=UTC) - _EPOCH
     else:
-        raise LogicalTypeError(f"cannot read {_json_type(value)} as epoch microseconds")
+        raise LogicalTypeError(f"cannot read {json_type(value)} as epoch microseconds")
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
@@ -406,7 +406,8 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _json_type(value: object) -> str:
+def json_type(value: object) -> str:
+    """The JSON type name of a decoded value, for error messages."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -428,13 +429,13 @@ def _fail(where: str, kind: str, value: object, reason: str) -> LogicalTypeError
 
 def _require_int(value: Any, where: str, kind: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(where, kind, value, f"must be an integer, found {_json_type(value)}")
+        raise _fail(where, kind, value, f"must be an integer, found {json_type(value)}")
     return value
 
 
 def _require_str(value: Any, where: str, kind: str) -> str:
     if not isinstance(value, str):
-        raise _fail(where, kind, value, f"must be a string, found {_json_type(value)}")
+        raise _fail(where, kind, value, f"must be a string, found {json_type(value)}")
     return value
 
 
@@ -494,7 +495,7 @@ def _variable_scale_decimal(
     if isinstance(value, str):  # decimal.handling.mode=string
         return _decimal_string(value, params, where, clamp)
     if not isinstance(value, dict):
-        raise _fail(where, kind, value, f"must be an object or a string, found {_json_type(value)}")
+        raise _fail(where, kind, value, f"must be an object or a string, found {json_type(value)}")
     scale = value.get("scale")
     if (
         isinstance(scale, bool)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -14,7 +15,17 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.integration
 def test_the_built_base_wheel_carries_no_dev_tools_or_eval_data(tmp_path: Path) -> None:
-    """Build the production wheel as the Dockerfile does and list what it holds."""
+    """Build the production wheel as the Dockerfile does (from the same build context) and
+    list what it holds. The build runs on a copy: setuptools writes build/ beside its input."""
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO_ROOT / name, source / name)
+    for package in ("schemas", "ragcore", "streams", "retrieval_api", "ragstream"):
+        shutil.copytree(
+            REPO_ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    wheels = tmp_path / "wheels"
     subprocess.run(
         [
             sys.executable,
@@ -25,13 +36,13 @@ def test_the_built_base_wheel_carries_no_dev_tools_or_eval_data(tmp_path: Path) 
             "--no-build-isolation",
             "-q",
             "--wheel-dir",
-            str(tmp_path),
-            str(REPO_ROOT),
+            str(wheels),
+            str(source),
         ],
         check=True,
         timeout=300,
     )
-    (wheel,) = tmp_path.glob("ragstream-*.whl")
+    (wheel,) = wheels.glob("ragstream-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     packages = {name.split("/")[0] for name in names if not name.startswith("ragstream-")}
     assert packages == {"schemas", "ragcore", "streams", "retrieval_api", "ragstream"}

@@ -13,12 +13,10 @@ import hashlib
 import json
 import random
 import re
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
@@ -35,6 +33,7 @@ from ragcore.store.base import StoreFilter, VectorStore
 from ragcore.store.registry import IndexRegistry
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.events import Op
+from tests.http_stub import Response, serve_json
 
 DIM = 64
 HASH_SPEC = EmbeddingSpec(
@@ -88,49 +87,33 @@ class HashEmbedder:
         return None
 
 
+def _embeddings(path: str, headers: dict[str, str], body: Any) -> Response:
+    texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+    payload = {
+        "object": "list",
+        "model": body.get("model", "hash-test"),
+        "data": [
+            {"object": "embedding", "index": i, "embedding": v.tolist()}
+            for i, v in enumerate(hash_vectors(texts))
+        ],
+        "usage": {"prompt_tokens": 0, "total_tokens": 0},
+    }
+    return 200, json.dumps(payload).encode(), {}
+
+
 class EmbeddingStubServer:
     """An OpenAI-compatible `/v1/embeddings` endpoint on loopback serving `hash_vectors`."""
 
     def __init__(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                return None
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
-                vectors = hash_vectors(texts)
-                payload = {
-                    "object": "list",
-                    "model": body.get("model", "hash-test"),
-                    "data": [
-                        {"object": "embedding", "index": i, "embedding": v.tolist()}
-                        for i, v in enumerate(vectors)
-                    ],
-                    "usage": {"prompt_tokens": 0, "total_tokens": 0},
-                }
-                data = json.dumps(payload).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}/v1"
+        self._serving = serve_json(_embeddings)
+        self.base_url = ""
 
     def __enter__(self) -> EmbeddingStubServer:
-        self._thread.start()
+        self.base_url = f"{self._serving.__enter__()}/v1"
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._serving.__exit__(None, None, None)
 
 
 # --- Kafka --------------------------------------------------------------------------------------

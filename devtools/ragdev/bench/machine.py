@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
+
+from ragcore.errors import ConfigError
 
 
 def package_versions(packages: Sequence[str]) -> dict[str, str]:
@@ -35,3 +41,17 @@ def machine_info(
         "load_average_after": [round(x, 2) for x in load_after],
         "packages": {**package_versions(packages), **(extra_versions or {})},
     }
+
+
+def run_dir(stack: ExitStack, data_dir: Path | str | None, name: str) -> Path:
+    """Where a benchmark builds its store and SoR: `data_dir` (kept; it must not hold a
+    previous run) or a temporary directory removed when `stack` closes."""
+    if data_dir is None:
+        root = Path(tempfile.mkdtemp(prefix=f"ragstream-bench-{name}-"))
+        stack.callback(shutil.rmtree, root, ignore_errors=True)
+        return root
+    root = Path(data_dir)
+    if (root / "store").exists() or (root / "sor.sqlite").exists():
+        raise ConfigError(f"{root} holds a previous run: use an empty directory")
+    root.mkdir(parents=True, exist_ok=True)
+    return root

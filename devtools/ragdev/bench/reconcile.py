@@ -36,11 +36,9 @@ import json
 import logging
 import os
 import resource
-import shutil
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -56,7 +54,7 @@ import numpy as np
 from ragcore.embedders.spec import EmbeddingSpec
 from ragcore.errors import ConfigError
 from ragcore.mapping import TableCatalog, TableMapping
-from ragcore.normalize import NormalizeOptions, content_sha256, normalize
+from ragcore.normalize import content_sha256, normalized_sha256
 from ragcore.plan import PlanConfig
 from ragcore.resources import package_dir
 from ragcore.sor.sql import SqliteSor
@@ -77,7 +75,7 @@ from ragcore.store.edge import EdgeStore
 from ragcore.store.ids import point_id
 from ragcore.store.registry import FileIndexRegistry
 from ragcore.wiring import payload_schema
-from ragdev.bench.machine import machine_info
+from ragdev.bench.machine import machine_info, run_dir
 from schemas.entities import ContentFormat
 from streams.ingest import (
     CHUNK_COUNT,
@@ -110,13 +108,9 @@ _SYLLABLES = (
     "lan", "mer", "gol", "fen", "dal", "bri", "stor", "plen", "qua", "zen", "hol", "var", "tin",
 )
 # fmt: on
-_NORMALIZE = NormalizeOptions()
-
-
-def content_hash(content: str, fmt: ContentFormat) -> str:
-    """The ingest worker's content hash (SHA-256 of the normalized content, default options):
-    the `ContentHasher` of the SoR reader in the `computed` variant."""
-    return content_sha256(normalize(content, fmt, _NORMALIZE).text)
+#: The ingest worker's content hash (default options): the `ContentHasher` of the SoR reader
+#: in the `computed` variant.
+content_hash = normalized_sha256
 
 
 # --- variants --------------------------------------------------------------------------------
@@ -556,14 +550,7 @@ def run(
     load_before = os.getloadavg()
     rng = np.random.default_rng(seed)
     with ExitStack() as stack:
-        if data_dir is None:
-            root = Path(tempfile.mkdtemp(prefix="ragstream-bench-reconcile-"))
-            stack.callback(shutil.rmtree, root, ignore_errors=True)
-        else:
-            root = Path(data_dir)
-            if (root / "store").exists() or (root / "sor.sqlite").exists():
-                raise ConfigError(f"{root} holds a previous run: use an empty directory")
-            root.mkdir(parents=True, exist_ok=True)
+        root = run_dir(stack, data_dir, "reconcile")
         began = time.perf_counter()
         built = _build(
             root,

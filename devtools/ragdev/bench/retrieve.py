@@ -38,10 +38,8 @@ import logging
 import math
 import os
 import re
-import shutil
 import sqlite3
 import statistics
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -62,6 +60,7 @@ from ragcore.embedders.base import Embedder
 from ragcore.embedders.local_onnx import MINILM_SPEC, LocalEmbedderConfig, LocalOnnxEmbedder
 from ragcore.errors import ConfigError
 from ragcore.mapping import TableCatalog, TableMapping
+from ragcore.normalize import content_sha256
 from ragcore.plan import PlanConfig
 from ragcore.resources import package_dir
 from ragcore.settings import SorSettings, StoreSettings
@@ -81,7 +80,7 @@ from ragcore.store.ids import point_id
 from ragcore.store.registry import FileIndexRegistry
 from ragcore.wiring import payload_schema
 from ragdev.bench.ingest import prose_paragraphs
-from ragdev.bench.machine import machine_info
+from ragdev.bench.machine import machine_info, run_dir
 from retrieval_api.app import RetrieveApp, build_app
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.entities import Entity
@@ -281,7 +280,7 @@ class _Builder:
         key = f"doc-{number:07d}"
         entity_id = TableMapping().entity_id([key])
         content = "\n\n".join(texts)
-        content_hash = hashlib.sha256(content.encode("utf-8")).hexdigest()
+        content_hash = content_sha256(content)
         self.hashes[entity_id] = content_hash
         self.clock += timedelta(seconds=7)
         self.lsn += 16
@@ -619,14 +618,7 @@ def run(
     # every sentence of the machine for 100k points; fewer (faster to embed) for small runs
     n_sentences = max(50 * WINDOW, points // 4)
     with ExitStack() as stack:
-        if data_dir is None:
-            root = Path(tempfile.mkdtemp(prefix="ragstream-bench-retrieve-"))
-            stack.callback(shutil.rmtree, root, ignore_errors=True)
-        else:
-            root = Path(data_dir)
-            if (root / "store").exists() or (root / "sor.sqlite").exists():
-                raise ConfigError(f"{root} holds a previous run: use an empty directory")
-            root.mkdir(parents=True, exist_ok=True)
+        root = run_dir(stack, data_dir, "retrieve")
         plan = PlanConfig()
         store = EdgeStore(root / "store", schema=payload_schema(plan))
         stack.callback(store.close)

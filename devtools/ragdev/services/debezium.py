@@ -47,7 +47,6 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import psycopg
@@ -56,6 +55,7 @@ from psycopg.conninfo import make_conninfo
 
 from ragcore.errors import ConfigError, RagstreamError
 from ragcore.resources import package_dir
+from ragdev.services.base import LocalService
 from ragdev.services.tansu import free_port
 
 log = logging.getLogger(__name__)
@@ -264,7 +264,7 @@ _KEYWORD_KEYS = {"name": "name", "topic.prefix": "topic_prefix", "table.include.
 AUTOCREATE_MODES = ("disabled", "filtered", "all_tables", "no_tables")
 
 
-class DebeziumConnect:
+class DebeziumConnect(LocalService):
     """Kafka Connect standalone + the Debezium PostgreSQL connector. Use as a context manager
     or `start()` / `stop()`.
 
@@ -908,17 +908,6 @@ class DebeziumConnect:
                     )
                 )
                 self._owns_publication = False
-
-    def __enter__(self) -> DebeziumConnect:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def _split(table: str) -> tuple[str, str]:

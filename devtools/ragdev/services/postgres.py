@@ -12,9 +12,9 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from types import TracebackType
 
 from ragcore.errors import ConfigError
+from ragdev.services.base import LocalService
 from ragdev.services.tansu import free_port
 
 
@@ -35,7 +35,7 @@ def postgres_bindir() -> Path:
     return Path(found[-1]).parent
 
 
-class PostgresCluster:
+class PostgresCluster(LocalService):
     """initdb + pg_ctl start on a loopback port; `stop()` removes everything.
 
     `logical=True` starts it ready for logical replication (Debezium): `wal_level=logical` and
@@ -153,17 +153,6 @@ class PostgresCluster:
         if not keep_data and not self._persistent:
             shutil.rmtree(self._root, ignore_errors=True)
             self._initialized = False
-
-    def __enter__(self) -> PostgresCluster:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def _quote(arg: str) -> str:

@@ -11,10 +11,10 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
 
 from ragcore.errors import ConfigError, RagstreamError
 from ragcore.resources import package_dir
+from ragdev.services.base import LocalService
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -50,7 +50,7 @@ def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen[b
     raise RagstreamError(f"nothing listening on {host}:{port} after {timeout:.0f}s")
 
 
-class TansuBroker:
+class TansuBroker(LocalService):
     """Start/stop a tansu broker on loopback. Use as a context manager."""
 
     def __init__(self, port: int | None = None, log_path: Path | None = None) -> None:
@@ -94,17 +94,6 @@ class TansuBroker:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout)
-
-    def __enter__(self) -> TansuBroker:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def tansu_available() -> bool:

@@ -70,11 +70,7 @@ class EmbeddedSor:
 
     def mapping(self, table: str) -> TableMapping:
         """The mapped table named `table` (its label, e.g. `tickets`)."""
-        found = self.catalog.by_label(table)
-        if found is None:
-            names = ", ".join(m.label for m in self.catalog)
-            raise ConfigError(f"no mapped table {table!r} (mapped: {names})")
-        return found
+        return self.catalog.require(table)
 
     def topic(self, table: str) -> str:
         """The topic a table's change events go to."""

@@ -32,11 +32,7 @@ class PostgresWriter:
 
     def mapping(self, table: str) -> TableMapping:
         """The mapped table named `table`."""
-        found = self.catalog.by_label(table)
-        if found is None:
-            names = ", ".join(m.label for m in self.catalog)
-            raise ConfigError(f"no mapped table {table!r} (mapped: {names})")
-        return found
+        return self.catalog.require(table)
 
     def topic(self, table: str) -> str:
         """The topic Debezium publishes the table's changes to."""

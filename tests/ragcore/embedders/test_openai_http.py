@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-import contextlib
+import functools
 import hashlib
 import json
 import socket
@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from ragcore.embedders.base import Embedder
 from ragcore.embedders.openai_http import OpenAIEmbedder, OpenAIEmbedderConfig
 from ragcore.errors import EmbeddingDimensionError, EmbeddingError, EmbeddingUnavailableError
 from ragcore.http_common import parse_retry_after
+from tests.http_stub import Response, serve_json
 
 DIM = 8
 KEY = "sk-test-Secret-4242"
@@ -75,71 +75,40 @@ class Stub:
         return [body["input"] for _, body in self.requests]
 
 
-def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # keep test output clean; requests are recorded in `stub.requests`
-
-        def _send(self, status: int, body: Any, headers: dict[str, str]) -> None:
-            payload = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            for name, value in headers.items():
-                self.send_header(name, value)
-            self.end_headers()
-            # A client that timed out has gone away: that is the scenario, not a stub failure.
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                self.wfile.write(payload)
-
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with stub.lock:
-                stub.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
-            if self.path != "/v1/embeddings":
-                self._send(404, {"error": {"message": f"no route {self.path}"}}, {})
-                return
-            reply = stub.next_reply()
-            if reply.delay_s:
-                time.sleep(reply.delay_s)
-            if reply.status != 200:
-                self._send(
-                    reply.status, reply.body or {"error": {"message": "boom"}}, reply.headers
-                )
-                return
-            data: list[dict[str, Any]] = []
-            for i, text in enumerate(body["input"]):
-                vector = stub_vector(text, reply.dim)
-                embedding: Any = vector
-                if reply.base64:
-                    embedding = base64.b64encode(np.array(vector, "<f4").tobytes()).decode()
-                data.append({"object": "embedding", "index": i, "embedding": embedding})
-            if reply.shuffle:
-                data.reverse()
-            if reply.drop_one:
-                data.pop()
-            self._send(
-                200,
-                {"object": "list", "data": data, "model": body["model"], "usage": {}},
-                reply.headers,
-            )
-
-    return Handler
+def _answer(stub: Stub, path: str, headers: dict[str, str], body: Any) -> Response:
+    with stub.lock:
+        stub.requests.append((headers, body))
+    if path != "/v1/embeddings":
+        return 404, json.dumps({"error": {"message": f"no route {path}"}}).encode(), {}
+    reply = stub.next_reply()
+    if reply.delay_s:
+        time.sleep(reply.delay_s)
+    if reply.status != 200:
+        error = reply.body or {"error": {"message": "boom"}}
+        return reply.status, json.dumps(error).encode(), reply.headers
+    data: list[dict[str, Any]] = []
+    for i, text in enumerate(body["input"]):
+        vector = stub_vector(text, reply.dim)
+        embedding: Any = vector
+        if reply.base64:
+            embedding = base64.b64encode(np.array(vector, "<f4").tobytes()).decode()
+        data.append({"object": "embedding", "index": i, "embedding": embedding})
+    if reply.shuffle:
+        data.reverse()
+    if reply.drop_one:
+        data.pop()
+    answer = {"object": "list", "data": data, "model": body["model"], "usage": {}}
+    return 200, json.dumps(answer).encode(), reply.headers
 
 
 @pytest.fixture
 def stub() -> Iterator[Stub]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
-    stub = Stub(url=f"http://127.0.0.1:{server.server_address[1]}/v1")
-    server.RequestHandlerClass = _handler(stub)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield stub
-    for client in stub.clients:
-        client.close()
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+    stub = Stub(url="")
+    with serve_json(functools.partial(_answer, stub)) as base:
+        stub.url = f"{base}/v1"
+        yield stub
+        for client in stub.clients:
+            client.close()
 
 
 @dataclass

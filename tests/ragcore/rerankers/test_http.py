@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 import pytest
@@ -18,6 +17,7 @@ from pydantic import SecretStr, ValidationError
 from ragcore.rerankers import RerankError, RerankUnavailableError, build_reranker
 from ragcore.rerankers.http import HttpReranker, HttpRerankerConfig, sigmoid
 from retrieval_api.service import Reranker
+from tests.http_stub import Response, serve_json
 
 KEY = "rk-test-Secret-4242"
 QUERY = "pump pressure drop"
@@ -72,66 +72,39 @@ def _scores(reply: Reply, query: str, texts: list[str]) -> list[tuple[int, float
     return scored
 
 
-def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # requests are recorded in `stub.requests`
-
-        def _send(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            for name, value in headers.items():
-                self.send_header(name, value)
-            self.end_headers()
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                self.wfile.write(payload)
-
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with stub.lock:
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                stub.requests.append((self.path, headers, body))
-            reply = stub.next_reply()
-            if reply.delay_s:
-                time.sleep(reply.delay_s)
-            if reply.raw is not None or reply.body is not None or reply.status != 200:
-                payload = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
-                self._send(reply.status, payload, reply.headers)
-                return
-            if self.path == "/rerank":
-                answer: Any = [
-                    {"index": i, "score": s}
-                    for i, s in _scores(reply, body["query"], body["texts"])
-                ]
-            elif self.path == "/v1/rerank":
-                scored = _scores(reply, body["query"], body["documents"])[: body["top_n"]]
-                answer = {
-                    "id": "stub",
-                    "results": [{"index": i, "relevance_score": s} for i, s in scored],
-                    "meta": {},
-                }
-            else:
-                self._send(404, b'{"error": "no route"}', {})
-                return
-            self._send(200, json.dumps(answer).encode(), reply.headers)
-
-    return Handler
+def _answer(stub: Stub, path: str, headers: dict[str, str], body: Any) -> Response:
+    with stub.lock:
+        stub.requests.append((path, headers, body))
+    reply = stub.next_reply()
+    if reply.delay_s:
+        time.sleep(reply.delay_s)
+    if reply.raw is not None or reply.body is not None or reply.status != 200:
+        payload = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
+        return reply.status, payload, reply.headers
+    if path == "/rerank":
+        answer: Any = [
+            {"index": i, "score": s} for i, s in _scores(reply, body["query"], body["texts"])
+        ]
+    elif path == "/v1/rerank":
+        scored = _scores(reply, body["query"], body["documents"])[: body["top_n"]]
+        answer = {
+            "id": "stub",
+            "results": [{"index": i, "relevance_score": s} for i, s in scored],
+            "meta": {},
+        }
+    else:
+        return 404, b'{"error": "no route"}', {}
+    return 200, json.dumps(answer).encode(), reply.headers
 
 
 @pytest.fixture
 def stub() -> Iterator[Stub]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
-    stub = Stub(url=f"http://127.0.0.1:{server.server_address[1]}")
-    server.RequestHandlerClass = _handler(stub)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield stub
-    for client in stub.clients:
-        client.close()
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+    stub = Stub(url="")
+    with serve_json(functools.partial(_answer, stub)) as base:
+        stub.url = base
+        yield stub
+        for client in stub.clients:
+            client.close()
 
 
 @dataclass

@@ -248,7 +248,7 @@ def test_scan_pages_through_live_rows_table_by_table(sor: PostgresSor | SqliteSo
     assert sor.count("globex", table="parts") == 2
     with pytest.raises(SorTableError, match="ghosts"):
         list(sor.scan("acme", table="ghosts"))
-    with pytest.raises(ConfigError, match="no mapped table named 'invoices'"):
+    with pytest.raises(ConfigError, match="no mapped table 'invoices'"):
         list(sor.scan("acme", table="invoices"))
 
 
