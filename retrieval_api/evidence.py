@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Protocol
@@ -313,6 +313,49 @@ def _set_timings(pack: pb.EvidencePack, timings_ms: Mapping[str, float]) -> None
         pack.timings_ms[stage] = value
 
 
+@dataclass
+class _Walk:
+    """The survivors in rank order after the SoR check: results up to top_k, the chunks the
+    check excluded, counts per exclusion reason, and how many verdicts were read."""
+
+    results: list[pb.Result] = field(default_factory=list)
+    excluded: list[Excluded] = field(default_factory=list)
+    verification: dict[ExclusionReason, int] = field(
+        default_factory=lambda: dict.fromkeys(_VERDICT_REASON.values(), 0)
+    )
+    verified: int = 0
+
+
+def _verify_walk(
+    ranking: Ranking,
+    verdicts: Mapping[str, Verdict],
+    tenant: str,
+    attribute_fields: Sequence[str],
+    lexical_details: Mapping[str, tuple[float, float]] | None,
+) -> _Walk:
+    """Walk the survivors in order until top_k pass the SoR check; a chunk without a verdict
+    raises ValueError (an unchecked chunk must never be returned)."""
+    walk = _Walk()
+    for chunk in ranking.survivors:
+        if len(walk.results) == ranking.top_k:
+            break
+        verdict = verdicts.get(chunk.chunk_id)
+        if verdict is None:
+            raise ValueError(f"no SoR verdict for chunk {chunk.chunk_id!r}")
+        walk.verified += 1
+        if verdict is Verdict.OK:
+            result = _result(len(walk.results) + 1, chunk, tenant, attribute_fields)
+            detail = (lexical_details or {}).get(chunk.chunk_id)
+            if detail is not None:
+                result.scores.lexical_normalized, result.scores.coverage = detail
+            walk.results.append(result)
+            continue
+        reason = _VERDICT_REASON[verdict]
+        walk.verification[reason] += 1
+        walk.excluded.append(Excluded(chunk.chunk_id, chunk.entity_id, reason, chunk.final))
+    return walk
+
+
 def build_pack(
     request: ValidatedRequest,
     index: IndexInfo,
@@ -337,41 +380,22 @@ def build_pack(
     maps chunk_id -> (normalised BM25, coverage) for the results' scores.
     """
     checked_at = _timestamp(retrieved_at)
-    results: list[pb.Result] = []
-    excluded = [_exclusion(item) for item in ranking.excluded]
-    verification = {reason: 0 for reason in _VERDICT_REASON.values()}
-    verified = 0
-    for chunk in ranking.survivors:
-        if len(results) == ranking.top_k:
-            break
-        verdict = verdicts.get(chunk.chunk_id)
-        if verdict is None:
-            raise ValueError(f"no SoR verdict for chunk {chunk.chunk_id!r}")
-        verified += 1
-        if verdict is Verdict.OK:
-            result = _result(len(results) + 1, chunk, request.tenant, attribute_fields)
-            detail = (lexical_details or {}).get(chunk.chunk_id)
-            if detail is not None:
-                result.scores.lexical_normalized, result.scores.coverage = detail
-            results.append(result)
-            continue
-        reason = _VERDICT_REASON[verdict]
-        verification[reason] += 1
-        excluded.append(_exclusion(Excluded(chunk.chunk_id, chunk.entity_id, reason, chunk.final)))
-
+    walk = _verify_walk(ranking, verdicts, request.tenant, attribute_fields, lexical_details)
+    results = walk.results
+    excluded = [_exclusion(item) for item in [*ranking.excluded, *walk.excluded]]
     if results and not any(
         r.scores.final >= ranking.thresholds.hard or r.matched_identifiers for r in results
     ):
         # only supporting chunks survived the SoR check: no chunk carries the evidence
-        for r in results:
-            excluded.append(
-                _exclusion(
-                    Excluded(
-                        r.chunk_id, r.entity_id, ExclusionReason.BELOW_THRESHOLD, r.scores.final
-                    )
-                )
+        excluded += [
+            _exclusion(
+                Excluded(r.chunk_id, r.entity_id, ExclusionReason.BELOW_THRESHOLD, r.scores.final)
             )
+            for r in results
+        ]
         results = []
+    verification = walk.verification
+    verified = walk.verified
     status = pb.RETRIEVAL_STATUS_SUCCESS if results else pb.RETRIEVAL_STATUS_NO_EVIDENCE
     confidence = (
         ranking.thresholds.classify(results[0].scores.final) if results else Confidence.NONE

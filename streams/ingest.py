@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from ragcore.embedders.base import Embedder, Vectors
 from ragcore.errors import (
@@ -130,6 +130,28 @@ class _Work:
 
     plan: Plan
     records: list[RawRecord] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _TargetWrite:
+    """New chunks of one entity for one write target (replacing `refs`, its indexed chunks)."""
+
+    item: _Work
+    entity: Entity
+    target: TargetIndex
+    refs: dict[str, ChunkRef]
+    chunks: list[Chunk]
+
+
+@dataclass(slots=True)
+class _Decided:
+    """What a batch of upserts needs: new chunks, payload refreshes, and the texts to embed
+    per model (in the order of `writes`)."""
+
+    writes: list[_TargetWrite] = field(default_factory=list)
+    refresh: list[tuple[Entity, TargetIndex, dict[str, ChunkRef]]] = field(default_factory=list)
+    refreshed: list[_Work] = field(default_factory=list)
+    texts: dict[str, list[str]] = field(default_factory=dict)
 
 
 def is_provably_older(incoming: EntityVersion, indexed: EntityVersion) -> bool:
@@ -525,92 +547,123 @@ class IngestHandler:
     def _upsert(
         self, upserts: Sequence[tuple[_Work, Entity]], letters: list[DeadLetter]
     ) -> list[_Work]:
-        """Chunk, embed (one call for the whole batch) and write every entity to upsert."""
-        pending: list[tuple[_Work, Entity, TargetIndex, dict[str, ChunkRef], list[Chunk]]] = []
-        texts: dict[str, list[str]] = {}  # per embedding model: one embedding call each
-        applied: list[_Work] = []
+        """Chunk, embed (one call per model for the whole batch) and write every entity to
+        upsert: decide per write target, embed, refresh payloads, write points, drop the
+        entity's obsolete chunks."""
+        decided = self._decide(upserts, letters)
+        if not decided.writes and not decided.refresh:
+            return []
+        vectors = {
+            model: self._embed(self._models[model][0], texts)
+            for model, texts in decided.texts.items()
+            if texts
+        }
+        started = time.perf_counter()
+        indexed_at = _rfc3339(datetime.now(UTC))
+        self._refresh(decided.refresh, indexed_at)
+        points, obsolete = self._points(decided.writes, vectors, indexed_at)
+        self._write(points, obsolete)
+        self._metrics.stage_seconds.labels("write").observe(time.perf_counter() - started)
+        applied = list(
+            {id(w): w for w in [*(w.item for w in decided.writes), *decided.refreshed]}.values()
+        )
+        for item in applied:
+            self._count_all(item, "upserted")
+        return applied
+
+    def _decide(
+        self, upserts: Sequence[tuple[_Work, Entity]], letters: list[DeadLetter]
+    ) -> _Decided:
+        """What each entity needs in each of its write targets: nothing (an older event, or the
+        same content and metadata), a payload refresh (same content), or new chunks."""
+        decided = _Decided()
         manifests = self._manifests([entity for _, entity in upserts])
-        refresh: list[tuple[Entity, TargetIndex, dict[str, ChunkRef]]] = []
-        refreshed_items: list[_Work] = []
         for item, entity in upserts:
-            targets = self._targets.write_targets(entity.tenant_id)
             chunked: dict[str, list[Chunk] | None] = {}  # per model (tokenizer and budget)
             outcome: str | None = None
-            for target in targets:
+            for target in self._targets.write_targets(entity.tenant_id):
                 refs = manifests.get((target.collection, entity.entity_id), {})
-                current = indexed_version(refs)
-                if current is not None and is_provably_older(entity.version, current):
+                need = self._need(entity, refs)
+                if need == "stale":
                     outcome = "stale"
-                    continue
-                if refs and self._unchanged(refs, entity):
+                elif need == "unchanged":
                     outcome = outcome or "unchanged"
-                    continue
-                if refs and self._same_content(refs, entity):
-                    refresh.append((entity, target, refs))
-                    refreshed_items.append(item)
+                elif need == "refresh":
+                    decided.refresh.append((entity, target, refs))
+                    decided.refreshed.append(item)
                     outcome = "write"
-                    continue
-                embedder, preparer = self._model(target)
-                model = embedder.spec.model_version
-                if model not in chunked:
-                    chunked[model] = self._chunk(item, entity, letters, preparer)
-                chunks = chunked[model]
-                if chunks is None:
-                    break
-                pending.append((item, entity, target, refs, chunks))
-                texts.setdefault(model, []).extend(c.text for c in chunks)
-                outcome = "write"
+                else:
+                    embedder, preparer = self._model(target)
+                    model = embedder.spec.model_version
+                    if model not in chunked:
+                        chunked[model] = self._chunk(item, entity, letters, preparer)
+                    chunks = chunked[model]
+                    if chunks is None:
+                        break  # dead-lettered by `_chunk`
+                    decided.writes.append(_TargetWrite(item, entity, target, refs, chunks))
+                    decided.texts.setdefault(model, []).extend(c.text for c in chunks)
+                    outcome = "write"
             if outcome == "stale":
                 self._metrics.skipped_older.inc()
             if outcome in {"stale", "unchanged"}:
                 self._count_all(item, outcome)
-        if not pending and not refresh:
-            return applied
-        vectors = {
-            model: self._embed(self._models[model][0], batch)
-            for model, batch in texts.items()
-            if batch
-        }
+        return decided
+
+    def _need(
+        self, entity: Entity, refs: Mapping[str, ChunkRef]
+    ) -> Literal["stale", "unchanged", "refresh", "chunks"]:
+        """What a write target needs for `entity`, given the chunks it indexes (`refs`)."""
+        current = indexed_version(refs)
+        if current is not None and is_provably_older(entity.version, current):
+            return "stale"
+        if refs and self._unchanged(refs, entity):
+            return "unchanged"
+        if refs and self._same_content(refs, entity):
+            return "refresh"
+        return "chunks"
+
+    def _points(
+        self,
+        writes: Sequence[_TargetWrite],
+        vectors: Mapping[str, Vectors],
+        indexed_at: str | None,
+    ) -> tuple[dict[str, list[PointRecord]], dict[str, list[str]]]:
+        """The points to upsert and the obsolete point ids to delete, per collection; the
+        vectors of each model are consumed in the order their texts were queued."""
         offsets = dict.fromkeys(vectors, 0)
-        started = time.perf_counter()
+        points: dict[str, list[PointRecord]] = {}
         obsolete: dict[str, list[str]] = {}
-        indexed_at = _rfc3339(datetime.now(UTC))
-        self._refresh(refresh, indexed_at)
-        by_collection: dict[str, list[PointRecord]] = {}
-        for _item, entity, target, refs, chunks in pending:
-            points = []
-            model = self._model(target)[0].spec.model_version
-            for chunk in chunks:
+        for write in writes:
+            model = self._model(write.target)[0].spec.model_version
+            for chunk in write.chunks:
                 point = self._point(
-                    entity,
+                    write.entity,
                     chunk=chunk,
-                    target=target,
+                    target=write.target,
                     vector=vectors[model][offsets[model]],
                     indexed_at=indexed_at,
-                    chunk_count=len(chunks),
+                    chunk_count=len(write.chunks),
                 )
-                points.append(point)
+                points.setdefault(write.target.collection, []).append(point)
                 offsets[model] += 1
-            by_collection.setdefault(target.collection, []).extend(points)
-            keep = {c.chunk_id for c in chunks}
-            gone = [ref.point_id for cid, ref in refs.items() if cid not in keep]
-            obsolete.setdefault(target.collection, []).extend(gone)
-        for collection, points in by_collection.items():
-            for start in range(0, len(points), 256):
-                self._store.upsert(collection, points[start : start + 256], wait=True)
-            self._metrics.chunks_upserted.inc(len(points))
+            keep = {c.chunk_id for c in write.chunks}
+            gone = [ref.point_id for cid, ref in write.refs.items() if cid not in keep]
+            obsolete.setdefault(write.target.collection, []).extend(gone)
+        return points, obsolete
+
+    def _write(
+        self, points: Mapping[str, list[PointRecord]], obsolete: Mapping[str, list[str]]
+    ) -> None:
+        """New chunks first (acknowledged), then the chunks no longer part of their entity:
+        a crash in between leaves extra chunks for the next event or reconcile, never a gap."""
+        for collection, batch in points.items():
+            for start in range(0, len(batch), 256):
+                self._store.upsert(collection, batch[start : start + 256], wait=True)
+            self._metrics.chunks_upserted.inc(len(batch))
         for collection, ids in obsolete.items():
             if ids:
                 self._store.delete_points(collection, ids, wait=True)
                 self._metrics.chunks_deleted.inc(len(ids))
-        self._metrics.stage_seconds.labels("write").observe(time.perf_counter() - started)
-        seen: set[int] = set()
-        for item in [*(w for w, *_ in pending), *refreshed_items]:
-            if id(item) not in seen:
-                seen.add(id(item))
-                applied.append(item)
-                self._count_all(item, "upserted")
-        return applied
 
     def _manifests(self, entities: Sequence[Entity]) -> dict[tuple[str, str], dict[str, ChunkRef]]:
         """The chunk manifests of many entities: one filtered scroll per collection and tenant
