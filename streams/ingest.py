@@ -35,30 +35,30 @@ from ragcore.store.base import (
     CHUNK_ID,
     ENTITY_ID,
     ENTITY_TYPE,
-    EVENT_DATE,
     SOURCE_HASH,
     SOURCE_TABLE,
-    TENANT_ID,
     ChunkRef,
     PointRecord,
     SparseVector,
     StoreFilter,
     VectorStore,
 )
-from ragcore.store.ids import point_id, validate_tenant
+from ragcore.store.ids import validate_tenant
+from ragcore.store.points import (
+    CHUNK_COUNT,
+    VERSION_LSN,
+    VERSION_UPDATED_AT,
+    chunk_point,
+    indexed_version,
+    rfc3339,
+    row_fields,
+)
 from schemas.entities import Chunk, Entity, EntityVersion
 from schemas.events import ChangeEvent, RawRecord, RecordPosition
 from streams.consumer import DeadLetter
 from streams.metrics import IngestMetrics
 
 log = logging.getLogger(__name__)
-
-# Payload fields of the source version: how new the indexed row is
-# (docs/decisions/chunk-ids-and-versions.md).
-VERSION_UPDATED_AT = "source_updated_at_us"
-VERSION_LSN = "source_lsn"
-VERSION_SNAPSHOT = "source_snapshot"
-CHUNK_COUNT = "chunk_count"
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,33 +167,6 @@ def is_provably_older(incoming: EntityVersion, indexed: EntityVersion) -> bool:
     if incoming.lsn is not None and indexed.lsn is not None and incoming.lsn != indexed.lsn:
         return incoming.lsn < indexed.lsn
     return incoming.snapshot and not indexed.snapshot
-
-
-def version_payload(version: EntityVersion) -> dict[str, Any]:
-    """The payload fields that record an entity's indexed version."""
-    return {
-        VERSION_UPDATED_AT: version.updated_at_us,
-        VERSION_LSN: version.lsn,
-        VERSION_SNAPSHOT: version.snapshot,
-    }
-
-
-def indexed_version(refs: Mapping[str, ChunkRef]) -> EntityVersion | None:
-    """The version stored with an entity's chunks (the newest among them)."""
-    versions = [
-        EntityVersion(
-            updated_at_us=ref.payload.get(VERSION_UPDATED_AT),
-            lsn=ref.payload.get(VERSION_LSN),
-            snapshot=bool(ref.payload.get(VERSION_SNAPSHOT, False)),
-        )
-        for ref in refs.values()
-    ]
-    return max(versions, key=EntityVersion.sort_key) if versions else None
-
-
-def rfc3339(moment: datetime) -> str:
-    """The timestamp format of payload fields: UTC, microseconds, 'Z'."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _rfc3339(moment: datetime | None) -> str | None:
@@ -760,21 +733,19 @@ class IngestHandler:
     ) -> dict[str, Any]:
         """The payload fields that come from the entity row and may change in place (identity
         fields — tenant, entity, chunk — are set only when a point is written)."""
-        spec = self._model(target)[0].spec
-        fields: dict[str, Any] = {
-            SOURCE_HASH: entity.content_hash,
-            ENTITY_TYPE: entity.entity_type,
-            "title": entity.title,
-            "content_format": entity.content_format.value,
-            "created_at": _rfc3339(entity.created_at),
-            "updated_at": _rfc3339(entity.updated_at),
-            "embedding_model": spec.name,
-            "embedding_version": spec.model_version,
-            "index_version": target.version,
-            "indexed_at": indexed_at,
-            EVENT_DATE: self._event_date(entity),
-            **version_payload(entity.version),
-        }
+        fields = row_fields(
+            content_hash=entity.content_hash,
+            entity_type=entity.entity_type,
+            title=entity.title,
+            content_format=entity.content_format.value,
+            created_at=_rfc3339(entity.created_at),
+            updated_at=_rfc3339(entity.updated_at),
+            spec=self._model(target)[0].spec,
+            index_version=target.version,
+            indexed_at=indexed_at,
+            event_date=self._event_date(entity),
+            version=entity.version,
+        )
         for key in self._keyword_fields:
             value = entity.metadata.get(key)
             fields[key] = value if isinstance(value, str | int | bool) else None
@@ -790,22 +761,19 @@ class IngestHandler:
         indexed_at: str | None,
         chunk_count: int,
     ) -> PointRecord:
-        payload: dict[str, Any] = {
-            **self._entity_fields(entity, target, indexed_at),
-            TENANT_ID: entity.tenant_id,
-            ENTITY_ID: entity.entity_id,
-            SOURCE_TABLE: table_of_entity(entity.entity_id) or None,
-            CHUNK_ID: chunk.chunk_id,
-            "chunk_index": chunk.chunk_index,
-            CHUNK_COUNT: chunk_count,  # the whole set's size: detects partial writes
-            "locator": chunk.locator.model_dump(mode="json"),
-            "text": chunk.text,
-        }
-        return PointRecord(
-            point_id=point_id(entity.tenant_id, chunk.chunk_id, target.version),
+        return chunk_point(
+            self._entity_fields(entity, target, indexed_at),
+            tenant_id=entity.tenant_id,
+            entity_id=entity.entity_id,
+            source_table=table_of_entity(entity.entity_id) or None,
+            chunk_id=chunk.chunk_id,
+            chunk_index=chunk.chunk_index,
+            chunk_count=chunk_count,
+            locator=chunk.locator.model_dump(mode="json"),
+            text=chunk.text,
+            index_version=target.version,
             dense=vector,
             sparse=self._sparse.encode_document(chunk.text),
-            payload={k: v for k, v in payload.items() if v is not None},
         )
 
     def _refresh(

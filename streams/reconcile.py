@@ -23,8 +23,9 @@ from ragcore.errors import SorTableError
 from ragcore.mapping import table_of_entity
 from ragcore.sor.base import SystemOfRecord, tables_of
 from ragcore.store.base import CHUNK_ID, ENTITY_ID, SOURCE_HASH, StoreFilter, VectorStore
+from ragcore.store.points import CHUNK_COUNT
 from ragcore.store.registry import IndexRegistry
-from streams.ingest import CHUNK_COUNT, IngestHandler
+from streams.ingest import IngestHandler
 
 #: Drift that repair fixes (re-read from the SoR).
 DRIFT_KINDS = ("missing", "extra", "stale")

@@ -7,8 +7,9 @@ import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 #: (status, raw response body, extra headers)
 Response = tuple[int, bytes, dict[str, str]]
@@ -50,3 +51,42 @@ def serve_json(answer: Answer) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+R = TypeVar("R")
+C = TypeVar("C", bound=_Closable)
+
+
+@dataclass
+class ScriptedStub(Generic[R, C]):
+    """A stub endpoint's state: the scripted replies (then `default()` ones), the requests it
+    received as (path, lower-cased headers, JSON body), and the clients a test made (closed
+    when the stub stops)."""
+
+    default: Callable[[], R]
+    url: str = ""
+    script: list[R] = field(default_factory=list)
+    requests: list[tuple[str, dict[str, str], Any]] = field(default_factory=list)
+    clients: list[C] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def next_reply(self, path: str, headers: dict[str, str], body: Any) -> R:
+        """Record the request; the next scripted reply, or the default one."""
+        with self.lock:
+            self.requests.append((path, headers, body))
+            return self.script.pop(0) if self.script else self.default()
+
+    @contextlib.contextmanager
+    def serving(self, answer: Answer, suffix: str = "") -> Iterator[ScriptedStub[R, C]]:
+        """Serve `answer` on loopback with `url` = the server's address + `suffix`."""
+        with serve_json(answer) as base:
+            self.url = base + suffix
+            try:
+                yield self
+            finally:
+                for client in self.clients:
+                    client.close()

@@ -66,7 +66,6 @@ from schemas.entities import ContentFormat
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from streams.app import IngestWorker, build_worker
-from streams.consumer import ConsumerConfig
 from streams.reconcile import ReconcileReport, reconcile
 from streams.settings import IngestSettings
 from tests.conftest import REPO_ROOT
@@ -78,8 +77,11 @@ from tests.streams.support import (
     committed,
     content,
     create_topics,
+    fast_consumer,
     index_snapshot,
     read_all,
+    stub_embedder,
+    three_tables,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -93,37 +95,7 @@ V2 = EmbeddingSpec(
 
 def mappings(schema: str) -> tuple[TableMapping, ...]:
     """The three tables, as the worker and Retrieve map them."""
-    return (
-        TableMapping(table=f"{schema}.entities"),
-        TableMapping(
-            table=f"{schema}.order_lines",
-            key_columns=("order_id", "line_no"),
-            tenant_column="org",
-            type_column=None,
-            title_column="product",
-            content_columns=("product", "note"),
-            metadata_column=None,
-            content_hash_column=None,
-            created_at_column=None,
-            updated_at_column=None,
-            deleted_at_column=None,
-        ),
-        TableMapping(
-            table=f"{schema}.products",
-            key_columns=("sku",),
-            tenant_column="vendor",
-            type_column=None,
-            default_entity_type="PRODUCT",
-            title_column="title",
-            content_columns=("title", "specs"),
-            json_columns=("specs",),
-            metadata_column=None,
-            content_hash_column=None,
-            created_at_column=None,
-            updated_at_column="updated_at",
-            deleted_at_column="deleted_at",
-        ),
-    )
+    return three_tables(schema)
 
 
 TABLES_SQL = """
@@ -307,13 +279,7 @@ def cdc(
         sor = SorSettings(kind="postgres", dsn=SecretStr(postgres.dsn))
         settings = IngestSettings(
             kafka=KafkaSettings(bootstrap_servers=kafka_broker.bootstrap_servers),
-            consumer=ConsumerConfig(
-                dlq_topic=dlq,
-                group_id=group,
-                session_timeout_ms=2000,
-                heartbeat_interval_ms=300,
-                poll_timeout_s=0.2,
-            ),
+            consumer=fast_consumer(dlq, group),
             store=StoreSettings(data_dir=data_dir),
             sor=sor,
             plan=plan,
@@ -662,23 +628,8 @@ def _last_offsets(bootstrap: str, topic: str) -> dict[int, int]:
 
 
 def _worker_env(cdc: Cdc, stub: EmbeddingStubServer, tmp: Path, group: str) -> dict[str, str]:
-    embedder = {
-        "kind": "openai",
-        "base_url": stub.base_url,
-        "model": HASH_SPEC.name,
-        "version": HASH_SPEC.version,
-        "dimension": HASH_SPEC.dimension,
-        "max_input_tokens": HASH_SPEC.max_input_tokens,
-        "tokenizer": HASH_SPEC.tokenizer,
-    }
-    consumer = {
-        "dlq_topic": cdc.dlq,
-        "group_id": group,
-        "session_timeout_ms": 2000,
-        "heartbeat_interval_ms": 300,
-        "poll_timeout_s": 0.2,
-        "max_batch_records": 50,
-    }
+    embedder = stub_embedder(stub.base_url)
+    consumer = fast_consumer(cdc.dlq, group, max_batch_records=50).model_dump(mode="json")
     return {
         **os.environ,
         "PYTHONPATH": str(REPO_ROOT),

@@ -37,7 +37,7 @@ from schemas.events import TOAST_PLACEHOLDER, Op, RawRecord
 from streams.app import IngestWorker, build_worker
 from streams.reconcile import reconcile
 from streams.settings import IngestSettings
-from tests.streams.support import HashEmbedder, index_snapshot
+from tests.streams.support import HashEmbedder, index_snapshot, three_tables
 
 pytestmark = pytest.mark.integration
 
@@ -46,39 +46,7 @@ TENANTS = ("acme", "globex")
 
 def mappings(schema: str) -> tuple[TableMapping, ...]:
     """The three tables (and `invoices`, ingested but later unmapped) in `schema`."""
-    return (
-        TableMapping(table=f"{schema}.entities", name="entities"),
-        TableMapping(
-            table=f"{schema}.order_lines",
-            name="order_lines",
-            key_columns=("order_id", "line_no"),
-            tenant_column="org",
-            type_column=None,
-            title_column="product",
-            content_columns=("product", "note"),
-            metadata_column=None,
-            content_hash_column=None,
-            created_at_column=None,
-            updated_at_column=None,
-            deleted_at_column=None,
-        ),
-        TableMapping(
-            table=f"{schema}.products",
-            name="products",
-            key_columns=("sku",),
-            tenant_column="vendor",
-            type_column=None,
-            default_entity_type="PRODUCT",
-            title_column="title",
-            content_columns=("title", "specs"),
-            json_columns=("specs",),
-            metadata_column=None,
-            content_hash_column=None,
-            created_at_column=None,
-            updated_at_column="updated_at",
-            deleted_at_column="deleted_at",
-        ),
-    )
+    return three_tables(schema, named=True)
 
 
 INVOICES = "invoices"

@@ -64,7 +64,6 @@ from schemas.entities import Entity
 from schemas.events import Op
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from streams.app import IngestWorker, build_worker
-from streams.consumer import ConsumerConfig
 from streams.settings import IngestSettings
 from tests.conftest import REPO_ROOT
 from tests.streams.support import (
@@ -74,6 +73,7 @@ from tests.streams.support import (
     create_topics,
     eid,
     entities_plan,
+    fast_consumer,
     index_snapshot,
     wait_committed,
 )
@@ -252,14 +252,7 @@ def stack_factory(
         settings = IngestSettings(
             plan=entities_plan(f"{schema}.entities", topic),
             kafka=KafkaSettings(bootstrap_servers=kafka_broker.bootstrap_servers),
-            consumer=ConsumerConfig(
-                topics=(topic,),
-                dlq_topic=f"dlq.{suffix}",
-                group_id=suffix,
-                session_timeout_ms=2000,
-                heartbeat_interval_ms=300,
-                poll_timeout_s=0.2,
-            ),
+            consumer=fast_consumer(f"dlq.{suffix}", suffix, topic),
             store=StoreSettings(data_dir=tmp_path / suffix),
             embedding_cache=None,
             sor=sor,

@@ -17,24 +17,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.streams.support import HASH_SPEC, EmbeddingStubServer, content
+from tests.streams.support import EmbeddingStubServer, content, stub_embedder
 
 pytestmark = pytest.mark.integration
 
 
 def embedder(stub: EmbeddingStubServer, model: str) -> str:
-    return json.dumps(
-        {
-            "kind": "openai",
-            "base_url": stub.base_url,
-            "model": model,
-            "version": "1",
-            "dimension": HASH_SPEC.dimension,
-            "max_input_tokens": HASH_SPEC.max_input_tokens,
-            "tokenizer": HASH_SPEC.tokenizer,
-            "max_retries": 1,
-        }
-    )
+    return json.dumps(stub_embedder(stub.base_url, model=model, version="1", max_retries=1))
 
 
 def run(env: dict[str, str], *args: str) -> tuple[int, Any, str]:

@@ -33,6 +33,7 @@ from ragcore.store.base import StoreFilter, VectorStore
 from ragcore.store.registry import IndexRegistry
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.events import Op
+from streams.consumer import ConsumerConfig
 from tests.http_stub import Response, serve_json
 
 DIM = 64
@@ -402,3 +403,83 @@ def entities_plan(table: str, topic: str | None = None) -> PlanConfig:
 def eid(key: str) -> str:
     """The entity id of a row of the `entities` table."""
     return f"entities:{key}"
+
+
+# --- the many-tables fixture: entities, order_lines (composite key), products (JSON specs) -----
+
+
+def order_lines_mapping(schema: str = "public", *, name: str | None = None) -> TableMapping:
+    """`order_lines`: a composite key (order_id, line_no), the tenant in `org`, no timestamps."""
+    return TableMapping(
+        table=f"{schema}.order_lines",
+        name=name,
+        key_columns=("order_id", "line_no"),
+        tenant_column="org",
+        type_column=None,
+        title_column="product",
+        content_columns=("product", "note"),
+        metadata_column=None,
+        content_hash_column=None,
+        created_at_column=None,
+        updated_at_column=None,
+        deleted_at_column=None,
+    )
+
+
+def three_tables(schema: str, *, named: bool = False) -> tuple[TableMapping, ...]:
+    """entities, order_lines and products (JSON `specs`, soft delete) in `schema`; `named`
+    gives each its table name as the label (the tables of two schemas then share labels)."""
+    return (
+        TableMapping(table=f"{schema}.entities", name="entities" if named else None),
+        order_lines_mapping(schema, name="order_lines" if named else None),
+        TableMapping(
+            table=f"{schema}.products",
+            name="products" if named else None,
+            key_columns=("sku",),
+            tenant_column="vendor",
+            type_column=None,
+            default_entity_type="PRODUCT",
+            title_column="title",
+            content_columns=("title", "specs"),
+            json_columns=("specs",),
+            metadata_column=None,
+            content_hash_column=None,
+            created_at_column=None,
+            updated_at_column="updated_at",
+            deleted_at_column="deleted_at",
+        ),
+    )
+
+
+# --- worker settings the tests share ---------------------------------------------------------
+
+
+def fast_consumer(dlq: str, group: str, *topics: str, **overrides: Any) -> ConsumerConfig:
+    """Consumer settings for tests: a short session and short polls, so rebalances, restarts
+    and shutdowns take tenths of seconds (no topics: the mapped tables' topics)."""
+    settings: dict[str, Any] = {
+        "dlq_topic": dlq,
+        "group_id": group,
+        "session_timeout_ms": 2000,
+        "heartbeat_interval_ms": 300,
+        "poll_timeout_s": 0.2,
+        **overrides,
+    }
+    if topics:
+        settings["topics"] = topics
+    return ConsumerConfig(**settings)
+
+
+def stub_embedder(base_url: str, **overrides: Any) -> dict[str, Any]:
+    """Settings of the OpenAI-compatible embedder for `HASH_SPEC` served by
+    `EmbeddingStubServer` at `base_url` (as JSON-ready values)."""
+    return {
+        "kind": "openai",
+        "base_url": base_url,
+        "model": HASH_SPEC.name,
+        "version": HASH_SPEC.version,
+        "dimension": HASH_SPEC.dimension,
+        "max_input_tokens": HASH_SPEC.max_input_tokens,
+        "tokenizer": HASH_SPEC.tokenizer,
+        **overrides,
+    }

@@ -31,9 +31,11 @@ from tests.streams.support import (
     SorModel,
     committed,
     create_topics,
+    fast_consumer,
     index_snapshot,
     iter_chunks,
     produce,
+    stub_embedder,
 )
 
 TENANTS = ["acme", "globex", "initech"]
@@ -42,25 +44,10 @@ TENANTS = ["acme", "globex", "initech"]
 def worker_env(
     broker: TansuBroker, stub: EmbeddingStubServer, tmp: Path, topic: str
 ) -> dict[str, str]:
-    consumer = {
-        "topics": [topic],
-        "dlq_topic": f"{topic}.dlq",
-        "group_id": f"crash-{topic}",
-        "session_timeout_ms": 2000,
-        "heartbeat_interval_ms": 300,
-        "poll_timeout_s": 0.2,
-        "max_batch_records": 100,
-    }
-    embedder = {
-        "kind": "openai",
-        "base_url": stub.base_url,
-        "model": HASH_SPEC.name,
-        "version": HASH_SPEC.version,
-        "dimension": HASH_SPEC.dimension,
-        "max_input_tokens": HASH_SPEC.max_input_tokens,
-        "tokenizer": HASH_SPEC.tokenizer,
-        "max_retries": 2,
-    }
+    consumer = fast_consumer(
+        f"{topic}.dlq", f"crash-{topic}", topic, max_batch_records=100
+    ).model_dump(mode="json")
+    embedder = stub_embedder(stub.base_url, max_retries=2)
     return {
         **os.environ,
         "PYTHONPATH": str(REPO_ROOT),

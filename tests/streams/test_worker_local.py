@@ -23,13 +23,13 @@ from ragcore.store.base import StoreFilter
 from ragcore.store.edge import EdgeStore
 from ragdev.services.tansu import TansuBroker
 from streams.app import IngestWorker, build_worker
-from streams.consumer import ConsumerConfig
 from streams.settings import IngestSettings
 from tests.streams.support import (
     SorModel,
     create_topics,
     eid,
     entities_plan,
+    fast_consumer,
     produce,
     wait_committed,
 )
@@ -76,14 +76,7 @@ def running(
     create_topics(kafka_broker.bootstrap_servers, topic, dlq)
     settings = IngestSettings(
         kafka=KafkaSettings(bootstrap_servers=kafka_broker.bootstrap_servers),
-        consumer=ConsumerConfig(
-            topics=(topic,),
-            dlq_topic=dlq,
-            group_id=group,
-            session_timeout_ms=2000,
-            heartbeat_interval_ms=300,
-            poll_timeout_s=0.2,
-        ),
+        consumer=fast_consumer(dlq, group, topic),
         embedder=LocalEmbedderConfig(),
         embedding_cache=EmbeddingCacheConfig(path=tmp_path / "cache.sqlite"),
         store=StoreSettings(data_dir=tmp_path / "store"),

@@ -52,6 +52,7 @@ from tests.streams.support import (
     create_topics,
     eid,
     entities_plan,
+    fast_consumer,
     produce,
     wait_committed,
 )
@@ -140,15 +141,7 @@ def settings_for(
 ) -> IngestSettings:
     return IngestSettings(
         kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers),
-        consumer=ConsumerConfig(
-            topics=(topic,),
-            dlq_topic=dlq,
-            group_id=group,
-            session_timeout_ms=2000,
-            heartbeat_interval_ms=300,
-            poll_timeout_s=0.2,
-            reindex_topic=f"{topic}.reindex",
-        ),
+        consumer=fast_consumer(dlq, group, topic, reindex_topic=f"{topic}.reindex"),
         store=StoreSettings(data_dir=data_dir),
         embedding_cache=None,
         sor=sor,

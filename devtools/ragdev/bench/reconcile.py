@@ -53,7 +53,7 @@ import numpy as np
 
 from ragcore.embedders.spec import EmbeddingSpec
 from ragcore.errors import ConfigError
-from ragcore.mapping import TableCatalog, TableMapping
+from ragcore.mapping import TableCatalog, TableMapping, table_of_entity
 from ragcore.normalize import content_sha256, normalized_sha256
 from ragcore.plan import PlanConfig
 from ragcore.resources import package_dir
@@ -62,8 +62,6 @@ from ragcore.sparse import Bm25Config, Bm25Encoder, bm25_weight, token_index
 from ragcore.store.base import (
     CHUNK_ID,
     ENTITY_ID,
-    ENTITY_TYPE,
-    EVENT_DATE,
     SOURCE_HASH,
     TENANT_ID,
     PointRecord,
@@ -72,18 +70,11 @@ from ragcore.store.base import (
     StoreFilter,
 )
 from ragcore.store.edge import EdgeStore
-from ragcore.store.ids import point_id
+from ragcore.store.points import CHUNK_COUNT, chunk_point, rfc3339, row_fields
 from ragcore.store.registry import FileIndexRegistry
 from ragcore.wiring import payload_schema
 from ragdev.bench.machine import machine_info, run_dir
-from schemas.entities import ContentFormat
-from streams.ingest import (
-    CHUNK_COUNT,
-    VERSION_LSN,
-    VERSION_SNAPSHOT,
-    VERSION_UPDATED_AT,
-    rfc3339,
-)
+from schemas.entities import ContentFormat, EntityVersion
 from streams.reconcile import reconcile
 
 __all__ = ["VARIANTS", "VARIANT_NAMES", "main", "run"]
@@ -111,6 +102,17 @@ _SYLLABLES = (
 #: The ingest worker's content hash (default options): the `ContentHasher` of the SoR reader
 #: in the `computed` variant.
 content_hash = normalized_sha256
+
+
+def chunk_locator(index: int, offset: int, text: str) -> dict[str, Any]:
+    """The locator of a generated chunk (paragraphs joined by a blank line)."""
+    return {
+        "chunk_index": index,
+        "char_start": offset,
+        "char_end": offset + len(text),
+        "section_path": [],
+        "extracted_from": None,
+    }
 
 
 # --- variants --------------------------------------------------------------------------------
@@ -291,44 +293,37 @@ def _build(
                     vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(
                         np.float32
                     )
+                    fields = row_fields(
+                        content_hash=digest,
+                        entity_type=entity_type,
+                        title=title,
+                        content_format=ContentFormat.TEXT.value,
+                        created_at=stamp,
+                        updated_at=stamp,
+                        spec=spec,
+                        index_version=index_version,
+                        indexed_at=stamp,
+                        event_date=stamp,
+                        version=EntityVersion(
+                            updated_at_us=int(clock.timestamp() * 1_000_000), lsn=lsn
+                        ),
+                    )
                     offset = 0
                     for index, (text, sparse) in enumerate(chunks):
-                        chunk_id = f"{entity_id}:chunk:{index}"
-                        payload: dict[str, Any] = {
-                            SOURCE_HASH: digest,
-                            ENTITY_TYPE: entity_type,
-                            "title": title,
-                            "content_format": ContentFormat.TEXT.value,
-                            "created_at": stamp,
-                            "updated_at": stamp,
-                            "embedding_model": spec.name,
-                            "embedding_version": spec.model_version,
-                            "index_version": index_version,
-                            "indexed_at": stamp,
-                            EVENT_DATE: stamp,
-                            VERSION_UPDATED_AT: int(clock.timestamp() * 1_000_000),
-                            VERSION_LSN: lsn,
-                            VERSION_SNAPSHOT: False,
-                            TENANT_ID: TENANT,
-                            ENTITY_ID: entity_id,
-                            CHUNK_ID: chunk_id,
-                            "chunk_index": index,
-                            CHUNK_COUNT: n_chunks,
-                            "locator": {
-                                "chunk_index": index,
-                                "char_start": offset,
-                                "char_end": offset + len(text),
-                                "section_path": [],
-                                "extracted_from": None,
-                            },
-                            "text": text,
-                        }
                         batch.append(
-                            PointRecord(
-                                point_id(TENANT, chunk_id, index_version),
-                                vectors[index],
-                                sparse,
-                                payload,
+                            chunk_point(
+                                fields,
+                                tenant_id=TENANT,
+                                entity_id=entity_id,
+                                source_table=table_of_entity(entity_id),
+                                chunk_id=f"{entity_id}:chunk:{index}",
+                                chunk_index=index,
+                                chunk_count=n_chunks,
+                                locator=chunk_locator(index, offset, text),
+                                text=text,
+                                index_version=index_version,
+                                dense=vectors[index],
+                                sparse=sparse,
                             )
                         )
                         offset += len(text) + 2

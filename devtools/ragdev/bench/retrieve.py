@@ -59,7 +59,7 @@ from prometheus_client import CollectorRegistry
 from ragcore.embedders.base import Embedder
 from ragcore.embedders.local_onnx import MINILM_SPEC, LocalEmbedderConfig, LocalOnnxEmbedder
 from ragcore.errors import ConfigError
-from ragcore.mapping import TableCatalog, TableMapping
+from ragcore.mapping import TableCatalog, TableMapping, table_of_entity
 from ragcore.normalize import content_sha256
 from ragcore.plan import PlanConfig
 from ragcore.resources import package_dir
@@ -67,32 +67,20 @@ from ragcore.settings import SorSettings, StoreSettings
 from ragcore.sor.base import SorVerdict
 from ragcore.sparse import ENGLISH_STOPWORDS, Bm25Encoder
 from ragcore.store.base import (
-    CHUNK_ID,
-    ENTITY_ID,
-    ENTITY_TYPE,
-    EVENT_DATE,
-    SOURCE_HASH,
-    TENANT_ID,
     PointRecord,
 )
 from ragcore.store.edge import EdgeStore
-from ragcore.store.ids import point_id
+from ragcore.store.points import chunk_point, rfc3339, row_fields
 from ragcore.store.registry import FileIndexRegistry
 from ragcore.wiring import payload_schema
 from ragdev.bench.ingest import prose_paragraphs
 from ragdev.bench.machine import machine_info, run_dir
+from ragdev.bench.reconcile import chunk_locator
 from retrieval_api.app import RetrieveApp, build_app
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
-from schemas.entities import Entity
+from schemas.entities import Entity, EntityVersion
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
-from streams.ingest import (
-    CHUNK_COUNT,
-    VERSION_LSN,
-    VERSION_SNAPSHOT,
-    VERSION_UPDATED_AT,
-    rfc3339,
-)
 
 __all__ = ["GOAL_P95_MS", "run"]
 
@@ -287,45 +275,38 @@ class _Builder:
         updated = rfc3339(self.clock)
         entity_type = ENTITY_TYPES[number % len(ENTITY_TYPES)]
         title = " ".join(self.prose.sentences[start].split()[:8]).rstrip(".,;:")
+        fields = row_fields(
+            content_hash=content_hash,
+            entity_type=entity_type,
+            title=title,
+            content_format="text",
+            created_at=updated,
+            updated_at=updated,
+            spec=MINILM_SPEC,
+            index_version=version,
+            indexed_at=updated,
+            event_date=updated,
+            version=EntityVersion(
+                updated_at_us=int(self.clock.timestamp() * 1_000_000), lsn=self.lsn
+            ),
+        )
         points = []
         offset = 0
         for index, (text, vector) in enumerate(chunks):
-            chunk_id = f"{entity_id}:chunk:{index}"
-            payload: dict[str, Any] = {
-                TENANT_ID: TENANT,
-                ENTITY_ID: entity_id,
-                CHUNK_ID: chunk_id,
-                SOURCE_HASH: content_hash,
-                ENTITY_TYPE: entity_type,
-                "chunk_index": index,
-                CHUNK_COUNT: n_chunks,
-                "locator": {
-                    "chunk_index": index,
-                    "char_start": offset,
-                    "char_end": offset + len(text),
-                    "section_path": [],
-                    "extracted_from": None,
-                },
-                "title": title,
-                "text": text,
-                "content_format": "text",
-                "created_at": updated,
-                "updated_at": updated,
-                "embedding_model": MINILM_SPEC.name,
-                "embedding_version": MINILM_SPEC.model_version,
-                "index_version": version,
-                "indexed_at": updated,
-                VERSION_UPDATED_AT: int(self.clock.timestamp() * 1_000_000),
-                VERSION_LSN: self.lsn,
-                VERSION_SNAPSHOT: False,
-                EVENT_DATE: updated,
-            }
             points.append(
-                PointRecord(
-                    point_id=point_id(TENANT, chunk_id, version),
+                chunk_point(
+                    fields,
+                    tenant_id=TENANT,
+                    entity_id=entity_id,
+                    source_table=table_of_entity(entity_id),
+                    chunk_id=f"{entity_id}:chunk:{index}",
+                    chunk_index=index,
+                    chunk_count=n_chunks,
+                    locator=chunk_locator(index, offset, text),
+                    text=text,
+                    index_version=version,
                     dense=vector,
                     sparse=self.sparse.encode_document(text),
-                    payload=payload,
                 )
             )
             offset += len(text) + 2

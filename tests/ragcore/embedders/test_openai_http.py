@@ -7,7 +7,6 @@ import functools
 import hashlib
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from ragcore.embedders.base import Embedder
 from ragcore.embedders.openai_http import OpenAIEmbedder, OpenAIEmbedderConfig
 from ragcore.errors import EmbeddingDimensionError, EmbeddingError, EmbeddingUnavailableError
 from ragcore.http_common import parse_retry_after
-from tests.http_stub import Response, serve_json
+from tests.http_stub import Response, ScriptedStub
 
 DIM = 8
 KEY = "sk-test-Secret-4242"
@@ -58,29 +57,18 @@ class Reply:
     delay_s: float = 0.0
 
 
-@dataclass
-class Stub:
-    url: str
-    script: list[Reply] = field(default_factory=list)
-    requests: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
-    clients: list[OpenAIEmbedder] = field(default_factory=list)  # closed at teardown
-    lock: threading.Lock = field(default_factory=threading.Lock)
+Stub = ScriptedStub[Reply, OpenAIEmbedder]
 
-    def next_reply(self) -> Reply:
-        with self.lock:
-            return self.script.pop(0) if self.script else Reply()
 
-    @property
-    def inputs(self) -> list[list[str]]:
-        return [body["input"] for _, body in self.requests]
+def inputs(stub: Stub) -> list[list[str]]:
+    """The `input` of every request the stub received."""
+    return [body["input"] for _, _, body in stub.requests]
 
 
 def _answer(stub: Stub, path: str, headers: dict[str, str], body: Any) -> Response:
-    with stub.lock:
-        stub.requests.append((headers, body))
+    reply = stub.next_reply(path, headers, body)
     if path != "/v1/embeddings":
         return 404, json.dumps({"error": {"message": f"no route {path}"}}).encode(), {}
-    reply = stub.next_reply()
     if reply.delay_s:
         time.sleep(reply.delay_s)
     if reply.status != 200:
@@ -103,12 +91,9 @@ def _answer(stub: Stub, path: str, headers: dict[str, str], body: Any) -> Respon
 
 @pytest.fixture
 def stub() -> Iterator[Stub]:
-    stub = Stub(url="")
-    with serve_json(functools.partial(_answer, stub)) as base:
-        stub.url = f"{base}/v1"
+    stub = Stub(Reply)
+    with stub.serving(functools.partial(_answer, stub), "/v1"):
         yield stub
-        for client in stub.clients:
-            client.close()
 
 
 @dataclass
@@ -159,11 +144,11 @@ def test_batches_of_at_most_batch_size_in_order_with_auth_header(stub: Stub) -> 
     assert isinstance(embedder, Embedder)
     texts = [f"passage number {i}" for i in range(150)]
     vectors = embedder.embed_documents(texts)
-    assert [len(batch) for batch in stub.inputs] == [100, 50]
-    assert [t for batch in stub.inputs for t in batch] == texts
+    assert [len(batch) for batch in inputs(stub)] == [100, 50]
+    assert [t for batch in inputs(stub) for t in batch] == texts
     np.testing.assert_allclose(vectors, expected(texts), atol=1e-6)
     assert vectors.dtype == np.float32
-    for headers, body in stub.requests:
+    for _, headers, body in stub.requests:
         assert headers["authorization"] == f"Bearer {KEY}"
         assert body["model"] == "stub-embed"
         assert body["encoding_format"] == "float"
@@ -318,7 +303,7 @@ def test_key_never_in_repr_str_or_errors(stub: Stub, tmp_path: Path) -> None:
     )
     embedder = OpenAIEmbedder(config)
     embedder.embed_documents(["x"])
-    assert stub.requests[-1][0]["authorization"] == f"Bearer {KEY}"
+    assert stub.requests[-1][1]["authorization"] == f"Bearer {KEY}"
     inline = OpenAIEmbedderConfig(
         base_url=stub.url, model="m", api_key=SecretStr(KEY), dimension=DIM
     )
@@ -330,7 +315,7 @@ def test_key_never_in_repr_str_or_errors(stub: Stub, tmp_path: Path) -> None:
 def test_no_key_sends_placeholder(stub: Stub) -> None:
     embedder = make(stub, api_key=None)
     embedder.embed_documents(["x"])
-    assert stub.requests[0][0]["authorization"] == "Bearer EMPTY"
+    assert stub.requests[0][1]["authorization"] == "Bearer EMPTY"
 
 
 @pytest.mark.integration
@@ -365,8 +350,8 @@ def test_query_prefix_dimensions_check_and_close(stub: Stub) -> None:
     assert vector.shape == (DIM,)
     np.testing.assert_allclose(vector, expected(["query: hello"])[0], atol=1e-6)
     embedder.embed_documents(["hello"])
-    assert stub.inputs == [["query: hello"], ["doc: hello"]]
-    assert all(body["dimensions"] == DIM for _, body in stub.requests)
+    assert inputs(stub) == [["query: hello"], ["doc: hello"]]
+    assert all(body["dimensions"] == DIM for _, _, body in stub.requests)
     assert embedder.embed_documents([]).shape == (0, DIM)
     assert len(stub.requests) == 2
     embedder.check()

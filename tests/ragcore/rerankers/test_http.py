@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from pydantic import SecretStr, ValidationError
 from ragcore.rerankers import RerankError, RerankUnavailableError, build_reranker
 from ragcore.rerankers.http import HttpReranker, HttpRerankerConfig, sigmoid
 from retrieval_api.service import Reranker
-from tests.http_stub import Response, serve_json
+from tests.http_stub import Response, ScriptedStub
 
 KEY = "rk-test-Secret-4242"
 QUERY = "pump pressure drop"
@@ -48,17 +47,7 @@ class Reply:
     delay_s: float = 0.0
 
 
-@dataclass
-class Stub:
-    url: str
-    script: list[Reply] = field(default_factory=list)
-    requests: list[tuple[str, dict[str, str], dict[str, Any]]] = field(default_factory=list)
-    clients: list[HttpReranker] = field(default_factory=list)  # closed at teardown
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def next_reply(self) -> Reply:
-        with self.lock:
-            return self.script.pop(0) if self.script else Reply()
+Stub = ScriptedStub[Reply, HttpReranker]
 
 
 def _scores(reply: Reply, query: str, texts: list[str]) -> list[tuple[int, float]]:
@@ -73,9 +62,7 @@ def _scores(reply: Reply, query: str, texts: list[str]) -> list[tuple[int, float
 
 
 def _answer(stub: Stub, path: str, headers: dict[str, str], body: Any) -> Response:
-    with stub.lock:
-        stub.requests.append((path, headers, body))
-    reply = stub.next_reply()
+    reply = stub.next_reply(path, headers, body)
     if reply.delay_s:
         time.sleep(reply.delay_s)
     if reply.raw is not None or reply.body is not None or reply.status != 200:
@@ -99,12 +86,9 @@ def _answer(stub: Stub, path: str, headers: dict[str, str], body: Any) -> Respon
 
 @pytest.fixture
 def stub() -> Iterator[Stub]:
-    stub = Stub(url="")
-    with serve_json(functools.partial(_answer, stub)) as base:
-        stub.url = base
+    stub = Stub(Reply)
+    with stub.serving(functools.partial(_answer, stub)):
         yield stub
-        for client in stub.clients:
-            client.close()
 
 
 @dataclass

@@ -20,6 +20,7 @@ from ragcore.sor.base import SorVerdict, quote_ident
 from ragcore.sor.sql import PostgresSor, SorUnavailableError, SqliteSor
 from ragdev.services.postgres import PostgresCluster
 from schemas.entities import ContentFormat
+from tests.streams.support import order_lines_mapping
 
 SQL_DIR = Path(__file__).resolve().parents[3] / "schemas" / "sql"
 
@@ -45,19 +46,7 @@ PARTS = [
     ("GX-300", "seal", '{"material": "duplex", "bar": 16}'),
     ("GX-410", "bearing", '{"grease": "lithium"}'),
 ]
-ORDER_LINES = TableMapping(
-    table="public.order_lines",
-    key_columns=("order_id", "line_no"),
-    tenant_column="org",
-    type_column=None,
-    title_column="product",
-    content_columns=("product", "note"),
-    metadata_column=None,
-    content_hash_column=None,
-    created_at_column=None,
-    updated_at_column=None,
-    deleted_at_column=None,
-)
+ORDER_LINES = order_lines_mapping()
 PARTS_TABLE = TableMapping(
     table="public.parts",
     key_columns=("part_no",),
