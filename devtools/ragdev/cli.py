@@ -15,49 +15,17 @@ from typing import Any
 from ragcore.errors import RagstreamError
 from ragstream.cli import print_json
 
+#: `ragstream bench TARGET [options]`: the module of each benchmark (its options: `--help`)
+BENCHMARKS = ("store", "embedder", "ingest", "retrieve", "reconcile", "cdc")
+
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    if args.target == "store":
-        from ragdev.bench import store
+    import importlib
 
-        sizes = tuple(int(s) for s in args.sizes.split(","))
-        print_json(store.run(sizes=sizes, queries=args.queries))
-    elif args.target == "retrieve":
-        from ragdev.bench import retrieve
-
-        levels = tuple(int(c) for c in args.concurrency.split(","))
-        print_json(retrieve.run(points=args.points, queries=args.queries, concurrency=levels))
-    elif args.target == "ingest":
-        from ragdev.bench import ingest
-
-        print_json(
-            ingest.run(
-                entities=args.entities,
-                steady_seconds=args.steady_seconds,
-                steady_rate=args.steady_rate,
-                cached_entities=args.cached_entities,
-            )
-        )
-    elif args.target == "embedder":
-        from ragdev.bench import embedder
-
-        print_json(embedder.run(n=args.n, batch_size=args.batch_size))
-    elif args.target == "cdc":
-        from ragdev.bench import cdc
-
-        print_json(
-            cdc.run(
-                changes=args.changes,
-                rate=args.rate,
-                snapshot_rows=args.snapshot_rows,
-                poll_interval_ms=args.poll_interval_ms,
-            )
-        )
-    elif args.target == "reconcile":
-        from ragdev.bench import reconcile
-
-        return reconcile.main(["--points", str(args.points)])
-    return 0
+    module = importlib.import_module(f"ragdev.bench.{args.target}")
+    # each benchmark prints exactly one JSON document on stdout (logs go to stderr)
+    code: int = module.main(args.options)
+    return code
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -205,25 +173,13 @@ def _assignment(text: str) -> tuple[str, str]:
 
 def register(sub: Any) -> None:
     """Add the dev tools' subcommands to the `ragstream` parser's subparsers action."""
-    p = sub.add_parser("bench", help="benchmarks (JSON output)")
-    p.add_argument(
-        "target", choices=["store", "embedder", "ingest", "retrieve", "reconcile", "cdc"]
+    p = sub.add_parser(
+        "bench",
+        help="benchmarks: one JSON report on stdout (`ragstream bench TARGET --help`)",
     )
-    p.add_argument("--points", type=int, default=100_000, help="retrieve/reconcile: chunks")
-    p.add_argument("--concurrency", default="1,8", help="retrieve: client concurrency levels")
-    p.add_argument("--entities", type=int, default=300, help="ingest: cold-ingest entities")
-    p.add_argument("--cached-entities", type=int, default=5000, help="ingest: cached phase")
-    p.add_argument("--steady-seconds", type=float, default=30.0, help="ingest: freshness run")
-    p.add_argument("--steady-rate", type=float, default=10.0, help="ingest: events/s")
-    p.add_argument("--sizes", default="10000,100000", help="store: point counts")
-    p.add_argument("--queries", type=int, default=200, help="store/retrieve: queries per run")
-    p.add_argument("--n", type=int, default=300, help="embedder: passages")
-    p.add_argument("--batch-size", type=int, default=32, help="embedder: batch size")
-    p.add_argument("--changes", type=int, default=200, help="cdc: changes at a steady rate")
-    p.add_argument("--rate", type=float, default=5.0, help="cdc: changes per second")
-    p.add_argument("--snapshot-rows", type=int, default=10_000, help="cdc: rows to snapshot")
+    p.add_argument("target", choices=BENCHMARKS)
     p.add_argument(
-        "--poll-interval-ms", type=int, default=None, help="cdc: Debezium poll.interval.ms"
+        "options", nargs=argparse.REMAINDER, help="the benchmark's own options (see its --help)"
     )
     p.set_defaults(func=_cmd_bench)
 

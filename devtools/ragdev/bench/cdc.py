@@ -33,6 +33,7 @@ import logging
 import os
 import random
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -57,7 +58,7 @@ from ragcore.kafka_config import KafkaSettings
 from ragcore.resources import package_dir
 from ragcore.settings import SorSettings, StoreSettings
 from ragcore.store.edge import EdgeStore
-from ragdev.bench.machine import machine_info
+from ragdev.bench.machine import emit, machine_info
 from ragdev.services.debezium import DebeziumConnect, PostgresSource, production_config
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
@@ -417,7 +418,7 @@ def run(
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """CLI: print the report."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--changes", type=int, default=200)
@@ -431,8 +432,8 @@ def main(argv: list[str] | None = None) -> None:
         snapshot_rows=args.snapshot_rows,
         poll_interval_ms=args.poll_interval_ms,
     )
-    print(json.dumps(report, indent=2))
+    return emit(report)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
-import json
 import os
 import re
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -22,6 +22,7 @@ from tokenizers import Tokenizer
 from ragcore.embedders.local_onnx import LocalEmbedderConfig, LocalOnnxEmbedder
 from ragcore.errors import ConfigError
 from ragcore.resources import package_file
+from ragdev.bench.machine import emit
 
 __all__ = ["QUERIES", "passages", "run"]
 
@@ -334,15 +335,15 @@ def run(n: int = 300, batch_size: int = 32, *, threads: int | None = None) -> di
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """Command line entry: print the measurement as JSON."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.n, args.batch_size, threads=args.threads), indent=2))
+    return emit(run(args.n, args.batch_size, threads=args.threads))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

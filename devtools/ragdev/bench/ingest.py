@@ -32,13 +32,13 @@ from __future__ import annotations
 import argparse
 import ast
 import itertools
-import json
 import logging
 import math
 import os
 import re
 import shutil
 import statistics
+import sys
 import sysconfig
 import tempfile
 import threading
@@ -63,7 +63,7 @@ from ragcore.prepare import Preparer
 from ragcore.settings import StoreSettings
 from ragcore.store.edge import EdgeStore
 from ragcore.wiring import payload_schema
-from ragdev.bench.machine import machine_info
+from ragdev.bench.machine import emit, machine_info
 from ragdev.services.tansu import TansuBroker
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.entities import ContentFormat, Entity
@@ -740,7 +740,7 @@ def _phase_freshness(bench: _Bench, texts: Sequence[str], rate: float) -> dict[s
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """Command line entry: print the report as JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entities", type=int, default=300)
@@ -757,8 +757,8 @@ def main(argv: list[str] | None = None) -> None:
         data_dir=args.data_dir,
         cached_entities=args.cached_entities,
     )
-    print(json.dumps(report, indent=2))
+    return emit(report)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import shutil
@@ -55,3 +57,27 @@ def run_dir(stack: ExitStack, data_dir: Path | str | None, name: str) -> Path:
         raise ConfigError(f"{root} holds a previous run: use an empty directory")
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def int_list(text: str) -> list[int]:
+    """An argparse type: `1,8` -> [1, 8] (with nargs="+", `1 8` works too)."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"expected integers separated by commas: {text!r}"
+        ) from exc
+
+
+def flat(groups: Sequence[Sequence[int]]) -> list[int]:
+    """The values of an `int_list` option given with nargs="+"."""
+    return [value for group in groups for value in group]
+
+
+def emit(report: Mapping[str, Any], out: Path | None = None, code: int = 0) -> int:
+    """Print the report as the one JSON document on stdout (and write it to `out`)."""
+    text = json.dumps(report, indent=2)
+    print(text, flush=True)
+    if out is not None:
+        out.write_text(text + "\n", encoding="utf-8")
+    return code

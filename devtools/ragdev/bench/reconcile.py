@@ -73,7 +73,7 @@ from ragcore.store.edge import EdgeStore
 from ragcore.store.points import CHUNK_COUNT, chunk_point, rfc3339, row_fields
 from ragcore.store.registry import FileIndexRegistry
 from ragcore.wiring import payload_schema
-from ragdev.bench.machine import machine_info, run_dir
+from ragdev.bench.machine import emit, machine_info, run_dir
 from schemas.entities import ContentFormat, EntityVersion
 from streams.reconcile import reconcile
 
@@ -696,11 +696,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data_dir=args.data_dir,
         seed=args.seed,
     )
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n", encoding="utf-8")
-    return 0 if report["consistent"] else 1
+    return emit(report, args.out, 0 if report["consistent"] else 1)
 
 
 if __name__ == "__main__":

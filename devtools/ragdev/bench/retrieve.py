@@ -40,6 +40,7 @@ import os
 import re
 import sqlite3
 import statistics
+import sys
 import threading
 import time
 from collections import Counter
@@ -74,7 +75,7 @@ from ragcore.store.points import chunk_point, rfc3339, row_fields
 from ragcore.store.registry import FileIndexRegistry
 from ragcore.wiring import payload_schema
 from ragdev.bench.ingest import prose_paragraphs
-from ragdev.bench.machine import machine_info, run_dir
+from ragdev.bench.machine import emit, flat, int_list, machine_info, run_dir
 from ragdev.bench.reconcile import chunk_locator
 from retrieval_api.app import RetrieveApp, build_app
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
@@ -740,12 +741,12 @@ def run(
     }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry: print the report as JSON."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--points", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--concurrency", type=int_list, nargs="+", default=[[1, 8]])
     parser.add_argument("--data-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -754,11 +755,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     report = run(
         points=args.points,
         queries=args.queries,
-        concurrency=tuple(args.concurrency),
+        concurrency=tuple(flat(args.concurrency)),
         data_dir=args.data_dir,
     )
-    print(json.dumps(report, indent=2))
+    return emit(report)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -17,14 +17,12 @@ Run: `python -m ragdev.bench.store --sizes 10000 100000 --out bench.json`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,7 @@ from ragcore.sparse import Bm25Config, bm25_weight, token_index
 from ragcore.store.base import PointRecord, SparseVector, StoreFilter
 from ragcore.store.edge import EdgeStore
 from ragcore.store.ids import point_id
+from ragdev.bench.machine import emit, flat, int_list, machine_info
 
 TENANT = "bench"
 COLLECTION = "rag__bench__v1"
@@ -225,11 +224,12 @@ def run(
     zipf_s: float = 1.1,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Benchmark `EdgeStore` at each size and return (and print) a JSON-ready report.
+    """Benchmark `EdgeStore` at each size and return a JSON-ready report.
 
     `data_dir` receives one shard directory per size (a temporary directory, removed afterwards,
     when None).
     """
+    load_before = os.getloadavg()
     temporary = data_dir is None
     root = Path(tempfile.mkdtemp(prefix="ragstream-bench-")) if temporary else Path(str(data_dir))
     root.mkdir(parents=True, exist_ok=True)
@@ -273,30 +273,24 @@ def run(
             "payload_in_ram": True,
             "seed": seed,
         },
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "qdrant_edge_py": version("qdrant-edge-py"),
-        },
+        "machine": machine_info(load_before, os.getloadavg(), ["qdrant-edge-py", "numpy"]),
         "results": results,
     }
-    print(json.dumps(report, indent=2))
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     """Command line: run the benchmark and optionally write the report to a file."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--sizes", type=int_list, nargs="+", default=[[10_000, 100_000]])
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    report = run(args.sizes, args.dim, args.queries, args.data_dir)
-    if args.out is not None:
-        args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    report = run(flat(args.sizes), args.dim, args.queries, args.data_dir)
+    return emit(report, args.out)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
