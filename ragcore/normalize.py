@@ -112,11 +112,13 @@ _LEADING_SPACE = re.compile("^" + _SPACE_CLASS + "*")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 
 
+# Cc (U+0000-001F, U+007F-009F) other than \n and \t (tabs are collapsed as spaces afterwards),
+# and lone surrogates (Cs: a JSON "\\ud800" escape decodes to one), which UTF-8 cannot encode.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
 def _drop_controls(text: str) -> str:
-    # Cc other than \n and \t (tabs are collapsed as spaces afterwards), and lone surrogates
-    # (Cs: a JSON "\\ud800" escape decodes to one), which UTF-8 cannot encode.
-    kept = (ch for ch in text if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs"))
-    return "".join(kept).translate(_INVISIBLE)
+    return _CONTROLS.sub("", text).translate(_INVISIBLE)
 
 
 def normalize_whitespace(text: str, *, keep_indent: bool) -> str:

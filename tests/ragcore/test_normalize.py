@@ -322,3 +322,21 @@ def test_redaction_applies_to_text_extracted_from_html() -> None:
     html = '<p>Contact <a href="mailto:x@example.com">x@example.com</a></p>'
 
     assert normalize(html, ContentFormat.HTML, REDACT).text == "Contact [EMAIL]"
+
+
+@pytest.mark.unit
+def test_dropping_controls_matches_the_unicode_categories_on_every_code_point() -> None:
+    """The regex fast path removes exactly Cc (but newline and tab) and Cs, as the category
+    test it replaced did, and the invisible BOM / zero-width space."""
+    import unicodedata
+
+    from ragcore.normalize import _drop_controls
+
+    every = "".join(chr(i) for i in range(0x110000))
+    expected = "".join(
+        ch
+        for ch in every
+        if (ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs"))
+        and ch not in "\ufeff\u200b"
+    )
+    assert _drop_controls(every) == expected
