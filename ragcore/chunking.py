@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import re
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -290,13 +291,27 @@ class _Packer:
     config: ChunkConfig
     _gap_tokens: dict[str, int] = field(default_factory=dict)
     _atoms: list[_Atom] = field(default_factory=list)
+    _starts: list[int] | None = field(default=None, init=False)
 
     @property
     def budget(self) -> int:
         return self.config.max_tokens
 
+    def __post_init__(self) -> None:
+        self._starts = self.counter.token_starts(self.text)
+
     def count(self, start: int, end: int) -> int:
-        return self.counter.count(self.text[start:end])
+        """Tokens of `text[start:end]`: from the whole text's token offsets when the counter
+        is context-free and the span is bounded by whitespace or the text's ends (a piece cut
+        inside a word is tokenized differently alone), else counted alone."""
+        text = self.text
+        if (
+            self._starts is None
+            or (start > 0 and not text[start - 1].isspace())
+            or (end < len(text) and not text[end].isspace())
+        ):
+            return self.counter.count(text[start:end])
+        return bisect_left(self._starts, end) - bisect_left(self._starts, start)
 
     def gap(self, left: int, right: int) -> int:
         """Tokens of the whitespace between two atoms (estimate for packing)."""

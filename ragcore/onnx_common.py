@@ -86,6 +86,9 @@ def cpu_session(model: bytes, path: Path, intra_op_threads: int | None) -> Any:
     options.inter_op_num_threads = 1
     if intra_op_threads is not None:
         options.intra_op_num_threads = intra_op_threads
+    # Idle pool threads sleep instead of spinning: a server embedding one query at a time
+    # otherwise burns the cores between requests that other requests need.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
     except ORT_ERRORS as exc:

@@ -71,6 +71,13 @@ class TokenCounter(Protocol):
         """Token ids of `text` (no special tokens, no truncation)."""
         ...
 
+    def token_starts(self, text: str) -> list[int] | None:
+        """The start offset of each token of `text` when the tokenizer is context-free (a
+        token never crosses whitespace nor depends on its neighbours, so the tokens of any
+        whitespace-bounded span are counted from one encoding of the whole text); None
+        otherwise (spans must then be counted alone)."""
+        ...
+
     def prefix_end(self, text: str, n_tokens: int) -> int:
         """Char offset in `text` where its first `n_tokens` tokens end.
 
@@ -242,6 +249,11 @@ class TiktokenCounter:
         """Number of tokens of `text`."""
         return len(self._encoding.encode_ordinary(text))
 
+    def token_starts(self, text: str) -> list[int] | None:
+        """None: BPE merges a leading space into the next word, so counts in context differ
+        from counts alone."""
+        return None
+
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`."""
         return self._encoding.encode_ordinary(text)
@@ -280,6 +292,9 @@ def _load_tiktoken(ref: str) -> TiktokenCounter:
 
 # --- Hugging Face tokenizers ---------------------------------------------------------------
 
+_CONTEXT_FREE_PRE_TOKENIZERS = frozenset({"BertPreTokenizer", "Whitespace", "WhitespaceSplit"})
+_CONTEXT_FREE_NORMALIZERS = frozenset({"BertNormalizer", "NoneType", "Lowercase", "NFC", "NFD"})
+
 
 class HFTokenCounter:
     """A `TokenCounter` over a Hugging Face `tokenizer.json`, special tokens excluded."""
@@ -291,10 +306,25 @@ class HFTokenCounter:
         tokenizer.no_truncation()
         tokenizer.no_padding()
         self._tokenizer = tokenizer
+        # WordPiece behind BERT's pre-tokenizer and per-character normalizer: a token never
+        # crosses whitespace and never depends on its neighbours, so a span's count in context
+        # is its count alone.
+        self._context_free = (
+            type(tokenizer.pre_tokenizer).__name__ in _CONTEXT_FREE_PRE_TOKENIZERS
+            and type(tokenizer.normalizer).__name__ in _CONTEXT_FREE_NORMALIZERS
+            and type(tokenizer.model).__name__ == "WordPiece"
+        )
 
     def count(self, text: str) -> int:
         """Number of tokens of `text`."""
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def token_starts(self, text: str) -> list[int] | None:
+        """Token start offsets of `text` (one encoding) when the tokenizer is context-free."""
+        if not self._context_free:
+            return None
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        return [start for start, _ in encoding.offsets]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`."""

@@ -25,6 +25,13 @@ class RetrieveMetrics:
             buckets=_LATENCY,
             registry=registry,
         )
+        self.stage_cpu_seconds = Counter(
+            "ragstream_retrieve_stage_cpu_seconds",
+            "CPU time of the thread running each Retrieve stage (onnxruntime's own threads, "
+            "which the local embedder may use, are not included).",
+            ["stage"],
+            registry=registry,
+        )
         self.excluded = Counter(
             "ragstream_retrieve_excluded_total",
             "Candidates excluded, by reason (deleted, stale, missing, below_threshold, "

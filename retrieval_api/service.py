@@ -305,9 +305,11 @@ class _Stages:
         if self._deadline is not None and time.monotonic() > self._deadline:
             raise DeadlineExceededError(f"deadline exceeded before stage {name!r}")
         started = time.perf_counter()
+        cpu = time.thread_time()
         try:
             yield
         finally:
             elapsed = time.perf_counter() - started
             self._timings[name] = elapsed * 1000
             self._metrics.stage_seconds.labels(name).observe(elapsed)
+            self._metrics.stage_cpu_seconds.labels(name).inc(time.thread_time() - cpu)

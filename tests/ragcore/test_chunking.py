@@ -460,3 +460,58 @@ def test_chunking_a_normalized_text_matches_chunking_its_string(minilm: TokenCou
     from_str = chunk_text("n", normalized.text, minilm, ChunkConfig(30), MARKDOWN)
 
     assert from_model == from_str
+
+
+class _EachSpanAlone:
+    """The MiniLM counter without `token_starts`: every span is tokenized on its own."""
+
+    def __init__(self, inner: TokenCounter) -> None:
+        self._inner = inner
+        self.name = inner.name
+
+    def count(self, text: str) -> int:
+        return self._inner.count(text)
+
+    def encode(self, text: str) -> list[int]:
+        return self._inner.encode(text)
+
+    def prefix_end(self, text: str, n_tokens: int) -> int:
+        return self._inner.prefix_end(text, n_tokens)
+
+    def token_starts(self, text: str) -> list[int] | None:
+        return None
+
+
+_WORD = st.text(
+    alphabet=st.sampled_from([*list("abcdefghijklmnopqrstuvwxyzÉéßΩ日本-.,!?'"), "é"]),
+    min_size=1,
+    max_size=40,
+)
+
+
+@pytest.mark.unit
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    words=st.lists(_WORD, min_size=1, max_size=150),
+    glue=st.sampled_from([" ", "  ", "\n", "\n\n", ". ", ""]),
+    budget=st.sampled_from([12, 32, 64, 256]),
+    strategy=st.sampled_from(["sentence", "paragraph"]),
+)
+def test_counting_from_one_encoding_chunks_exactly_as_counting_each_span_alone(
+    minilm: TokenCounter, words: list[str], glue: str, budget: int, strategy: Strategy
+) -> None:
+    """MiniLM's WordPiece is context-free: the packer counts whitespace-bounded spans from
+    the token offsets of one encoding of the text, and the chunks (offsets, token counts)
+    are the same as when every span is tokenized alone, also when pieces are cut inside
+    words."""
+    text = normalize(glue.join(words), ContentFormat.TEXT, NormalizeOptions()).text
+    config = ChunkConfig(max_tokens=budget, overlap_tokens=budget // 8, strategy=strategy)
+
+    def chunks(counter: TokenCounter) -> list[Chunk] | str:
+        try:
+            return chunk_text("entities:e", text, counter, config, ContentFormat.TEXT)
+        except ChunkingError as exc:
+            return str(exc)
+
+    assert minilm.token_starts(text) is not None or not text
+    assert chunks(minilm) == chunks(_EachSpanAlone(minilm))

@@ -40,26 +40,26 @@ import os
 import re
 import sqlite3
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
 from ragcore.embedders.base import Embedder
 from ragcore.embedders.local_onnx import MINILM_SPEC, LocalEmbedderConfig, LocalOnnxEmbedder
-from ragcore.errors import ConfigError
+from ragcore.errors import ConfigError, RagstreamError
 from ragcore.mapping import TableCatalog, TableMapping, table_of_entity
 from ragcore.normalize import content_sha256
 from ragcore.plan import PlanConfig
@@ -80,8 +80,6 @@ from ragdev.bench.reconcile import chunk_locator
 from retrieval_api.app import RetrieveApp, build_app
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.entities import Entity, EntityVersion
-from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
-from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 
 __all__ = ["GOAL_P95_MS", "run"]
 
@@ -445,22 +443,76 @@ class _Sample:
     excluded: Mapping[str, int]
 
 
-def _call(stub: Any, query: str) -> _Sample:
-    request = pb.RetrieveRequest(query_text=query)
-    metadata = (("authorization", f"Bearer {TOKEN}"),)
-    began = time.perf_counter()
-    try:
-        pack = stub.Retrieve(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
-    except grpc.RpcError as err:
-        elapsed = time.perf_counter() - began
-        code = err.code().name if isinstance(err, grpc.Call) else "UNKNOWN"
-        return _Sample(elapsed, f"GRPC_{code}", {}, 0, {})
-    elapsed = time.perf_counter() - began
-    status = pb.RetrievalStatus.Name(pack.status).removeprefix("RETRIEVAL_STATUS_")
-    excluded = Counter(
-        pb.ExclusionReason.Name(e.reason).removeprefix("EXCLUSION_REASON_") for e in pack.excluded
+@dataclass(frozen=True)
+class _Slice:
+    """One load-generator run: its samples, wall time and the CPU it cost on each side."""
+
+    samples: list[_Sample]
+    wall_s: float
+    loadgen_cpu_s: float
+    server_cpu_s: float
+    stage_cpu_s: dict[str, float]
+
+
+def _stage_cpu(registry: CollectorRegistry) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in registry.collect():
+        if family.name == "ragstream_retrieve_stage_cpu_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    out[sample.labels["stage"]] = sample.value
+    return out
+
+
+def _drive(
+    target: str, registry: CollectorRegistry, queries: Sequence[str], concurrency: int, tmp: Path
+) -> _Slice:
+    """`queries` sent by the load generator in its own process (`ragdev.bench.loadgen`) with
+    at most `concurrency` calls in flight; this process's CPU (the server's) around it."""
+    path = tmp / "queries.json"
+    path.write_text(json.dumps(list(queries)), encoding="utf-8")
+    stages = _stage_cpu(registry)
+    cpu = time.process_time()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ragdev.bench.loadgen",
+            "--target",
+            target,
+            "--token",
+            TOKEN,
+            "--concurrency",
+            str(concurrency),
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=CALL_TIMEOUT_S * len(queries) + 60,
+        check=False,
     )
-    return _Sample(elapsed, status, dict(pack.timings_ms), len(pack.results), dict(excluded))
+    server_cpu = time.process_time() - cpu
+    if done.returncode != 0:
+        raise RagstreamError(f"the load generator failed: {done.stderr[-2000:]}")
+    after = _stage_cpu(registry)
+    doc = json.loads(done.stdout)
+    samples = [
+        _Sample(
+            s["latency_s"],
+            s["status"],
+            s.get("timings_ms", {}),
+            s.get("results", 0),
+            s.get("excluded", {}),
+        )
+        for s in doc["samples"]
+    ]
+    return _Slice(
+        samples=samples,
+        wall_s=doc["wall_s"],
+        loadgen_cpu_s=doc["cpu_s"],
+        server_cpu_s=server_cpu,
+        stage_cpu_s={k: v - stages.get(k, 0.0) for k, v in after.items()},
+    )
 
 
 def _percentiles_ms(values: Sequence[float]) -> dict[str, float]:
@@ -479,19 +531,11 @@ def _percentiles_ms(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def _drive(stub: Any, queries: Sequence[str], concurrency: int) -> tuple[list[_Sample], float]:
-    """`queries` calls with at most `concurrency` in flight (one blocking call per thread);
-    the samples and the wall time."""
-    with ThreadPoolExecutor(concurrency, thread_name_prefix="bench-client") as pool:
-        began = time.perf_counter()
-        samples = list(pool.map(lambda q: _call(stub, q), queries))
-        wall = time.perf_counter() - began
-    return samples, wall
-
-
 def _summary(
-    samples: Sequence[_Sample], wall: float, concurrency: int, loads: Sequence[Sequence[float]]
+    slices: Sequence[_Slice], concurrency: int, loads: Sequence[Sequence[float]]
 ) -> dict[str, Any]:
+    samples = [x for part in slices for x in part.samples]
+    wall = sum(part.wall_s for part in slices)
     stages: dict[str, list[float]] = {}
     excluded: Counter[str] = Counter()
     for s in samples:
@@ -499,11 +543,17 @@ def _summary(
             stages.setdefault(stage, []).append(ms)
         excluded.update(s.excluded)
     answered = [s for s in samples if s.timings_ms]
+    n = len(samples)
+    server_cpu = sum(part.server_cpu_s for part in slices)
+    stage_cpu: Counter[str] = Counter()
+    for part in slices:
+        stage_cpu.update(part.stage_cpu_s)
+    in_stages = sum(stage_cpu.values())
     return {
         "concurrency": concurrency,
-        "n": len(samples),
+        "n": n,
         "wall_s": round(wall, 3),
-        "qps": round(len(samples) / wall, 2),
+        "qps": round(n / wall, 2),
         "latency_ms": _percentiles_ms([s.latency_s for s in samples]),
         "statuses": dict(Counter(s.status for s in samples)),
         "mean_results": round(statistics.fmean(s.results for s in answered), 2)
@@ -511,6 +561,14 @@ def _summary(
         else 0.0,
         "excluded_by_reason": dict(excluded),
         "server_stage_ms_mean": {k: round(statistics.fmean(v), 3) for k, v in stages.items()},
+        "cpu_ms_per_request": {
+            "server_process": round(server_cpu / n * 1000, 3),
+            "server_stages": {k: round(v / n * 1000, 3) for k, v in sorted(stage_cpu.items())},
+            "server_outside_stages": round((server_cpu - in_stages) / n * 1000, 3),
+            "load_generator": round(sum(p.loadgen_cpu_s for p in slices) / n * 1000, 3),
+        },
+        "server_cores_busy": round(server_cpu / wall, 3),
+        "load_generator_cores_busy": round(sum(p.loadgen_cpu_s for p in slices) / wall, 3),
         "load_average_at_slice_starts": [[round(x, 2) for x in load] for load in loads],
     }
 
@@ -529,27 +587,23 @@ def _measure_variants(
     ordered A B then B A, so drifting background load weighs on both variants alike."""
     names = [name for name, _ in _VARIANTS]
     with ExitStack() as stack:
-        stubs: dict[str, Any] = {}
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ragstream-loadgen-")))
+        targets: dict[str, str] = {}
+        registries: dict[str, CollectorRegistry] = {}
         for name, verification in _VARIANTS:
             sor = None if verification else _NoVerification(hashes, settings.plan.catalog)
-            app = build_app(settings, CollectorRegistry(), store=store, embedder=embedder, sor=sor)
-            target = stack.enter_context(_serving(app))
-            channel = stack.enter_context(grpc.insecure_channel(target))
-            grpc.channel_ready_future(channel).result(timeout=30)
-            stubs[name] = pb_grpc.RetrievalServiceStub(channel)
-            failed = Counter(
-                s.status
-                for s in (_call(stubs[name], q) for q in warmup)
-                if s.status.startswith("GRPC_")
-            )
+            registries[name] = CollectorRegistry()
+            app = build_app(settings, registries[name], store=store, embedder=embedder, sor=sor)
+            targets[name] = stack.enter_context(_serving(app))
+            warm = _drive(targets[name], registries[name], warmup, 1, tmp)
+            failed = Counter(s.status for s in warm.samples if s.status.startswith("GRPC_"))
             if failed:
                 raise ConfigError(f"{name}: warm-up calls failed: {dict(failed)}")
         half = (len(queries) + 1) // 2
         slices = [(queries[:half], names), (queries[half:], names[::-1])]
         out: list[dict[str, Any]] = []
         for level in concurrency:
-            samples: dict[str, list[_Sample]] = {n: [] for n in names}
-            walls = dict.fromkeys(names, 0.0)
+            runs: dict[str, list[_Slice]] = {n: [] for n in names}
             loads: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
             for part, order in slices:
                 for name in order:
@@ -557,9 +611,7 @@ def _measure_variants(
                         continue
                     log.info("%s, concurrency %d: %d calls", name, level, len(part))
                     loads[name].append(os.getloadavg())
-                    got, wall = _drive(stubs[name], part, level)
-                    samples[name].extend(got)
-                    walls[name] += wall
+                    runs[name].append(_drive(targets[name], registries[name], part, level, tmp))
             for name, verification in _VARIANTS:
                 sor_text = (
                     "SqliteSor (the embedded SoR reader, one batched query per request)"
@@ -571,10 +623,34 @@ def _measure_variants(
                         "variant": name,
                         "sor_verification": verification,
                         "sor": sor_text,
-                        **_summary(samples[name], walls[name], level, loads[name]),
+                        **_summary(runs[name], level, loads[name]),
                     }
                 )
+    _add_limits(out)
     return out
+
+
+def _add_limits(results: list[dict[str, Any]]) -> None:
+    """The implied limit of each variant: the machine's cores over the server's CPU per
+    request at concurrency 1 (its intrinsic cost), and each level's QPS as a ratio of it."""
+    cores = os.cpu_count() or 1
+    for variant in {r["variant"] for r in results}:
+        rows = [r for r in results if r["variant"] == variant]
+        base = min(rows, key=lambda r: r["concurrency"])
+        cost_ms = base["cpu_ms_per_request"]["server_process"]
+        limit = cores / (cost_ms / 1000) if cost_ms > 0 else None
+        for r in rows:
+            r["cpu_limit"] = {
+                "cores": cores,
+                "server_cpu_ms_per_request_at_lowest_concurrency": cost_ms,
+                "implied_limit_qps": round(limit, 1) if limit else None,
+                "qps_over_limit": round(r["qps"] / limit, 3) if limit else None,
+                "implied_limit_qps_beside_the_load_generator": (
+                    round((cores - r["load_generator_cores_busy"]) / (cost_ms / 1000), 1)
+                    if cost_ms > 0
+                    else None
+                ),
+            }
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -655,8 +731,12 @@ def run(
             "decoded) over a loopback gRPC channel, and calls/s, after a warm-up of "
             f"{WARMUP_CALLS} unmeasured calls per variant. Both variants' servers run at once "
             "(same store, same embedder); at each concurrency the queries run in two halves, "
-            "variant order A B then B A. Client threads and the servers share this process "
-            "(and its GIL)"
+            "variant order A B then B A. The load generator (ragdev.bench.loadgen: N client "
+            "threads, one channel, one blocking call in flight per thread) runs in a process of "
+            "its own; its CPU is reported apart. cpu_ms_per_request: this process's CPU (the "
+            "servers, onnxruntime's threads included) over the calls; server_stages: the CPU "
+            "of the thread running each stage (ragstream_retrieve_stage_cpu_seconds_total); "
+            "cpu_limit: cores / the server's CPU per request at the lowest concurrency"
         ),
         "machine": machine_info(
             load_before, load_after, ("onnxruntime", "qdrant-edge-py", "grpcio")
@@ -731,8 +811,9 @@ def run(
             "max_concurrent_rpcs": settings.grpc.max_concurrent_rpcs,
             "publish": "disabled (no audit records, no reindex requests)",
             "client": (
-                "grpc.insecure_channel on 127.0.0.1 (one channel), N client threads, one "
-                f"blocking call in flight per thread, bearer token, timeout {CALL_TIMEOUT_S:g} s"
+                "ragdev.bench.loadgen in its own process: grpc.insecure_channel on 127.0.0.1 "
+                "(one channel), N client threads, one blocking call in flight per thread, "
+                f"bearer token, timeout {CALL_TIMEOUT_S:g} s"
             ),
             "seed": seed,
         },

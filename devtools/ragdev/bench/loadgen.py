@@ -1,0 +1,87 @@
+"""The Retrieve benchmark's load generator, in a process of its own (so it does not share the
+server's GIL or CPU accounting): N client threads over one loopback gRPC channel, one blocking
+call in flight per thread, each query of a file sent once.
+
+`python -m ragdev.bench.loadgen --target 127.0.0.1:PORT --token T --concurrency 8 FILE` reads
+a JSON list of queries from FILE and prints one JSON document: per-call samples (latency,
+status, server stage timings, result and exclusion counts), the wall time, and this process's
+own CPU seconds (user + system).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
+from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
+
+CALL_TIMEOUT_S = 30.0
+
+
+def call(stub: Any, token: str, query: str) -> dict[str, Any]:
+    """One Retrieve call, measured from the request built to the evidence pack decoded."""
+    request = pb.RetrieveRequest(query_text=query)
+    metadata = (("authorization", f"Bearer {token}"),)
+    began = time.perf_counter()
+    try:
+        pack = stub.Retrieve(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
+    except grpc.RpcError as err:
+        code = err.code().name if isinstance(err, grpc.Call) else "UNKNOWN"
+        return {"latency_s": time.perf_counter() - began, "status": f"GRPC_{code}"}
+    latency = time.perf_counter() - began
+    excluded = Counter(
+        pb.ExclusionReason.Name(e.reason).removeprefix("EXCLUSION_REASON_") for e in pack.excluded
+    )
+    return {
+        "latency_s": latency,
+        "status": pb.RetrievalStatus.Name(pack.status).removeprefix("RETRIEVAL_STATUS_"),
+        "timings_ms": dict(pack.timings_ms),
+        "results": len(pack.results),
+        "excluded": dict(excluded),
+    }
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def drive(target: str, token: str, queries: Sequence[str], concurrency: int) -> dict[str, Any]:
+    """Every query once with at most `concurrency` calls in flight; samples, wall and CPU."""
+    with grpc.insecure_channel(target) as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        stub = pb_grpc.RetrievalServiceStub(channel)
+        cpu = _cpu_s()
+        with ThreadPoolExecutor(concurrency, thread_name_prefix="loadgen") as pool:
+            began = time.perf_counter()
+            samples = list(pool.map(lambda q: call(stub, token, q), queries))
+            wall = time.perf_counter() - began
+        return {"samples": samples, "wall_s": wall, "cpu_s": _cpu_s() - cpu}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: print the samples of one run as JSON."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--target", required=True, help="host:port of the Retrieve server")
+    parser.add_argument("--token", required=True, help="bearer token of the benchmark tenant")
+    parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("queries", type=Path, help="JSON list of query texts")
+    args = parser.parse_args(argv)
+    queries = json.loads(args.queries.read_text(encoding="utf-8"))
+    json.dump(drive(args.target, args.token, queries, args.concurrency), sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
