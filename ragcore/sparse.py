@@ -71,8 +71,10 @@ _ENGLISH_STOPWORDS_TEXT = """
 ENGLISH_STOPWORDS: frozenset[str] = frozenset(_ENGLISH_STOPWORDS_TEXT.split())
 
 
+@lru_cache(maxsize=1 << 18)
 def token_index(token: str) -> int:
-    """The sparse index of a token: the first 31 bits of its blake2b digest."""
+    """The sparse index of a token: the first 31 bits of its blake2b digest (memoized: words
+    follow a Zipf distribution)."""
     digest = hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") & 0x7FFFFFFF
 
@@ -177,6 +179,7 @@ class Bm25Encoder:
         self.config = config or Bm25Config()
         self._stem = _stems(self.config.stemmer).stem if self.config.stemmer else None
         self._counts = lru_cache(maxsize=4096)(self._count)
+        self._word_tokens = lru_cache(maxsize=1 << 17)(self._tokens_of)
 
     @property
     def model_version(self) -> str:
@@ -198,21 +201,25 @@ class Bm25Encoder:
         never is). Stopwords are dropped when they stand alone; parts of an identifier are
         always kept. `identifiers=False` skips the identifier test (`Word.identifier` False)."""
         out: list[Word] = []
-        limit = self.config.max_token_len
         for match in _COMPOUND.finditer(text):
             original = match.group()
-            word = original.lower()
-            parts = [p for p in _SEPARATORS.split(word) if p]
-            if len(parts) == 1 and word == parts[0]:
-                if word in self.config.stopwords:
-                    continue
-                tokens = [self._norm(word)]
-            else:
-                tokens = [word, *(self._norm(p) for p in parts)]
-            tokens = [t for t in tokens if len(t) <= limit]
+            tokens = self._word_tokens(original.lower())
             if tokens:
-                out.append(Word(tuple(tokens), identifiers and is_identifier(original)))
+                out.append(Word(tokens, identifiers and is_identifier(original)))
         return out
+
+    def _tokens_of(self, word: str) -> tuple[str, ...]:
+        """The tokens of one lowercased surface word (memoized per encoder in `_word_tokens`):
+        () for a stopword standing alone."""
+        parts = [p for p in _SEPARATORS.split(word) if p]
+        if len(parts) == 1 and word == parts[0]:
+            if word in self.config.stopwords:
+                return ()
+            tokens = [self._norm(word)]
+        else:
+            tokens = [word, *(self._norm(p) for p in parts)]
+        limit = self.config.max_token_len
+        return tuple(t for t in tokens if len(t) <= limit)
 
     def counts(self, text: str) -> tuple[Counter[str], int]:
         """Token counts and surface length of a text (cached: Retrieve scores the same chunks
