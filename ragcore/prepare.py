@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -65,6 +66,11 @@ class Preparer:
             while len(self._recent) > 512:
                 self._recent.popitem(last=False)
         return result
+
+    def prime(self, entities: Sequence[Entity]) -> None:
+        """Tokenize the normalized content of `entities` in one parallel batch before they are
+        chunked one by one (the chunker's token counts then come from it)."""
+        self.counter.prime([self.normalized(e.content, e.content_format).text for e in entities])
 
     def content_hash(self, content: str, fmt: ContentFormat) -> str:
         """SHA-256 hex of the normalized content (a `ragcore.plan.ContentHasher`)."""

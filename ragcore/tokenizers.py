@@ -23,6 +23,7 @@ import hashlib
 import logging
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -76,6 +77,11 @@ class TokenCounter(Protocol):
         token never crosses whitespace nor depends on its neighbours, so the tokens of any
         whitespace-bounded span are counted from one encoding of the whole text); None
         otherwise (spans must then be counted alone)."""
+        ...
+
+    def prime(self, texts: Sequence[str]) -> None:
+        """Tokenize `texts` at once (in parallel where the tokenizer can) so that the next
+        `token_starts` of each is ready; a no-op where `token_starts` is None."""
         ...
 
     def prefix_end(self, text: str, n_tokens: int) -> int:
@@ -254,6 +260,9 @@ class TiktokenCounter:
         from counts alone."""
         return None
 
+    def prime(self, texts: Sequence[str]) -> None:
+        """Nothing to prepare (see `token_starts`)."""
+
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`."""
         return self._encoding.encode_ordinary(text)
@@ -292,6 +301,8 @@ def _load_tiktoken(ref: str) -> TiktokenCounter:
 
 # --- Hugging Face tokenizers ---------------------------------------------------------------
 
+#: Texts whose token offsets `prime` keeps at most (one ingest batch holds up to 500 records).
+_PRIMED_MAX = 2048
 _CONTEXT_FREE_PRE_TOKENIZERS = frozenset({"BertPreTokenizer", "Whitespace", "WhitespaceSplit"})
 _CONTEXT_FREE_NORMALIZERS = frozenset({"BertNormalizer", "NoneType", "Lowercase", "NFC", "NFD"})
 
@@ -306,6 +317,8 @@ class HFTokenCounter:
         tokenizer.no_truncation()
         tokenizer.no_padding()
         self._tokenizer = tokenizer
+        self._primed: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
         # WordPiece behind BERT's pre-tokenizer and per-character normalizer: a token never
         # crosses whitespace and never depends on its neighbours, so a span's count in context
         # is its count alone.
@@ -320,11 +333,29 @@ class HFTokenCounter:
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def token_starts(self, text: str) -> list[int] | None:
-        """Token start offsets of `text` (one encoding) when the tokenizer is context-free."""
+        """Token start offsets of `text` (one encoding, or the one `prime` made) when the
+        tokenizer is context-free."""
         if not self._context_free:
             return None
+        with self._lock:
+            primed = self._primed.pop(text, None)
+        if primed is not None:
+            return primed
         encoding = self._tokenizer.encode(text, add_special_tokens=False)
         return [start for start, _ in encoding.offsets]
+
+    def prime(self, texts: Sequence[str]) -> None:
+        """Encode `texts` in one batch (the Rust side runs it on every core, without the GIL)
+        and keep their token offsets for `token_starts` (a bounded number of them)."""
+        if not self._context_free or not texts:
+            return
+        todo = list(dict.fromkeys(texts))[:_PRIMED_MAX]
+        encodings = self._tokenizer.encode_batch(todo, add_special_tokens=False)
+        with self._lock:
+            if len(self._primed) + len(todo) > _PRIMED_MAX:
+                self._primed.clear()  # texts primed and never chunked: drop them
+            for text, encoding in zip(todo, encodings, strict=True):
+                self._primed[text] = [start for start, _ in encoding.offsets]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`."""

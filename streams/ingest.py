@@ -91,6 +91,10 @@ class EntityPreparer(Protocol):
         """The entity's chunks, each within the embedder's token budget."""
         ...
 
+    def prime(self, entities: Sequence[Entity]) -> None:
+        """Prepare the chunking of many entities at once (tokenize them in one batch)."""
+        ...
+
 
 class SparseEncoder(Protocol):
     """BM25-style document sparse vectors (`ragcore.sparse`)."""
@@ -551,12 +555,19 @@ class IngestHandler:
         same content and metadata), a payload refresh (same content), or new chunks."""
         decided = _Decided()
         manifests = self._manifests([entity for _, entity in upserts])
-        for item, entity in upserts:
+        needs = [
+            [
+                (target, refs, self._need(entity, refs))
+                for target in self._targets.write_targets(entity.tenant_id)
+                for refs in [manifests.get((target.collection, entity.entity_id), {})]
+            ]
+            for _, entity in upserts
+        ]
+        self._prime(upserts, needs)
+        for (item, entity), per_target in zip(upserts, needs, strict=True):
             chunked: dict[str, list[Chunk] | None] = {}  # per model (tokenizer and budget)
             outcome: str | None = None
-            for target in self._targets.write_targets(entity.tenant_id):
-                refs = manifests.get((target.collection, entity.entity_id), {})
-                need = self._need(entity, refs)
+            for target, refs, need in per_target:
                 if need == "stale":
                     outcome = "stale"
                 elif need == "unchanged":
@@ -581,6 +592,25 @@ class IngestHandler:
             if outcome in {"stale", "unchanged"}:
                 self._count_all(item, outcome)
         return decided
+
+    def _prime(
+        self,
+        upserts: Sequence[tuple[_Work, Entity]],
+        needs: Sequence[Sequence[tuple[TargetIndex, dict[str, ChunkRef], str]]],
+    ) -> None:
+        """Tokenize, per model, every entity that needs new chunks in one batch."""
+        by_model: dict[str, tuple[EntityPreparer, list[Entity]]] = {}
+        for (_, entity), per_target in zip(upserts, needs, strict=True):
+            for target, _, need in per_target:
+                if need == "chunks":
+                    embedder, preparer = self._model(target)
+                    by_model.setdefault(embedder.spec.model_version, (preparer, []))[1].append(
+                        entity
+                    )
+        started = time.perf_counter()
+        for preparer, entities in by_model.values():
+            preparer.prime(entities)
+        self._metrics.stage_seconds.labels("chunk").observe(time.perf_counter() - started)
 
     def _need(
         self, entity: Entity, refs: Mapping[str, ChunkRef]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -481,6 +481,9 @@ class _EachSpanAlone:
     def token_starts(self, text: str) -> list[int] | None:
         return None
 
+    def prime(self, texts: Sequence[str]) -> None:
+        return None
+
 
 _WORD = st.text(
     alphabet=st.sampled_from([*list("abcdefghijklmnopqrstuvwxyzÉéßΩ日本-.,!?'"), "é"]),
@@ -501,9 +504,9 @@ def test_counting_from_one_encoding_chunks_exactly_as_counting_each_span_alone(
     minilm: TokenCounter, words: list[str], glue: str, budget: int, strategy: Strategy
 ) -> None:
     """MiniLM's WordPiece is context-free: the packer counts whitespace-bounded spans from
-    the token offsets of one encoding of the text, and the chunks (offsets, token counts)
-    are the same as when every span is tokenized alone, also when pieces are cut inside
-    words."""
+    the token offsets of one encoding of the text (made alone or primed in a batch), and the
+    chunks (offsets, token counts) are the same as when every span is tokenized alone, also
+    when pieces are cut inside words."""
     text = normalize(glue.join(words), ContentFormat.TEXT, NormalizeOptions()).text
     config = ChunkConfig(max_tokens=budget, overlap_tokens=budget // 8, strategy=strategy)
 
@@ -514,4 +517,6 @@ def test_counting_from_one_encoding_chunks_exactly_as_counting_each_span_alone(
             return str(exc)
 
     assert minilm.token_starts(text) is not None or not text
+    assert chunks(minilm) == chunks(_EachSpanAlone(minilm))
+    minilm.prime([text])  # tokenized in a batch beforehand: the same chunks
     assert chunks(minilm) == chunks(_EachSpanAlone(minilm))

@@ -751,8 +751,9 @@ def _entity(text: str) -> Entity:
 
 def _phase_pipeline(bench: _Bench, texts: Sequence[str], n: int) -> dict[str, Any]:
     ids = _ids("pipe", n)
+    # every content unique, as in a real table (a reused text would hit per-text memos)
     records = [
-        bench.source.put(entity_id, tenant, texts[i % len(texts)])
+        bench.source.put(entity_id, tenant, f"{texts[i % len(texts)]} Revision {i}.")
         for i, (entity_id, tenant) in enumerate(ids)
     ]
     result = bench.bulk(records, timeout=max(300.0, n / 50))
@@ -766,7 +767,10 @@ def _phase_pipeline(bench: _Bench, texts: Sequence[str], n: int) -> dict[str, An
         ),
         "data": {
             "entities": n,
-            "text": "the cold phase's ~200-token passages, reused in turn under new entity ids",
+            "text": (
+                "the cold phase's ~200-token passages in turn, each made unique by a closing "
+                "sentence 'Revision <n>.' (one chunk each)"
+            ),
         },
         **result,
     }
