@@ -52,6 +52,13 @@ class RetrievalConfig(BaseModel):
     default_top_k: int = Field(default=5, ge=1)
     max_top_k: int = Field(default=50, ge=1, le=1000)
     max_request_id_chars: int = Field(default=128, ge=8, le=1024)
+    query_cache_entries: int = Field(
+        default=4096,
+        ge=0,
+        le=1_000_000,
+        description="Query vectors kept per (tenant, model, query) so a repeated question is "
+        "not embedded again; 0: off.",
+    )
 
     # --- candidates and fusion ---
     candidate_multiplier: int = Field(

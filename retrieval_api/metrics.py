@@ -32,6 +32,12 @@ class RetrieveMetrics:
             ["stage"],
             registry=registry,
         )
+        self.query_cache = Counter(
+            "ragstream_retrieve_query_cache",
+            "Query vectors served from the query-vector cache (hit) or embedded (miss).",
+            ["outcome"],
+            registry=registry,
+        )
         self.excluded = Counter(
             "ragstream_retrieve_excluded_total",
             "Candidates excluded, by reason (deleted, stale, missing, below_threshold, "

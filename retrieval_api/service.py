@@ -35,6 +35,7 @@ from retrieval_api.evidence import (
 )
 from retrieval_api.evidence_score import EvidenceCalibration
 from retrieval_api.metrics import RetrieveMetrics
+from retrieval_api.query_cache import QueryVectorCache
 from retrieval_api.ranking import ScoreKind, Thresholds, rank
 from retrieval_api.validate import ValidatedRequest
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
@@ -89,6 +90,9 @@ class Retriever:
             raise RagstreamError("retrieval.rerank_enabled is set but no reranker is configured")
         self.config = config
         self._models = EmbeddingModels(embedder, other_embedders)
+        self._query_vectors = QueryVectorCache(
+            config.query_cache_entries, lambda outcome: metrics.query_cache.labels(outcome).inc()
+        )
         self._sparse = sparse
         self._store = store
         self._registry = registry
@@ -188,7 +192,9 @@ class Retriever:
             index, embedder = self.resolve(request.tenant, request.index_version)
             calibration = self.calibration(index)
         with stage("embed"):
-            query_vector = embedder.embed_query(request.query)
+            query_vector = self._query_vectors.vector(
+                request.tenant, embedder.spec.model_version, request.query, embedder.embed_query
+            )
         with stage("search"):
             raw = self.search.gather(
                 index.collection,
