@@ -301,6 +301,11 @@ class RetrieveServer:
         await self._check_health()
         self._health_task = asyncio.create_task(self._health_loop())
 
+    def check_health(self) -> None:
+        """Run the health check once in the caller's thread (what the health service reports:
+        raises the RagstreamError that makes it NOT_SERVING)."""
+        self._health_check()
+
     async def _check_health(self) -> None:
         loop = asyncio.get_running_loop()
         try:

@@ -31,6 +31,7 @@ SMALL = {
     ],
     "retrieve": ["--points", "600", "--queries", "4", "--concurrency", "1,2"],
     "reconcile": ["--points", "60", "--repeats", "1", "--variants", "selector"],
+    "tenants": ["--tenants", "3", "--docs", "2", "--queries", "5"],
 }
 
 
