@@ -39,6 +39,18 @@ class StoreSettings(BaseModel):
     api_key: SecretStr | None = None
     prefer_grpc: bool = True
     timeout_s: float = Field(default=10.0, gt=0)
+    edge_payload_in_ram: bool = Field(
+        default=True,
+        description="edge: keep each collection's payload pages in memory (at least 32 MiB per "
+        "open collection); false for many small tenants (~1 MiB each, payloads read through "
+        "the page cache).",
+    )
+    edge_search_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="edge: search threads per open collection (each starts its own pool; "
+        "default: the engine's, 8 here); 1 for many small tenants.",
+    )
 
 
 class SorSettings(BaseModel):

@@ -42,7 +42,12 @@ def payload_schema(plan: PlanConfig) -> PayloadSchema:
 def build_store(settings: StoreSettings, schema: PayloadSchema) -> VectorStore:
     """qdrant-edge under `data_dir`, or a Qdrant server at `url`."""
     if settings.backend == "edge":
-        return EdgeStore(settings.data_dir, schema=schema)
+        return EdgeStore(
+            settings.data_dir,
+            schema=schema,
+            payload_in_ram=settings.edge_payload_in_ram,
+            max_search_threads=settings.edge_search_threads,
+        )
     if not settings.url:
         raise ConfigError("store.backend=qdrant needs store.url (RAGSTREAM_STORE__URL)")
     key = settings.api_key.get_secret_value() if settings.api_key else None

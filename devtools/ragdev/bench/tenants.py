@@ -112,6 +112,7 @@ def _one(
     queries: int,
     texts: Sequence[str],
     max_rss_mib: float,
+    store_options: dict[str, Any],
 ) -> dict[str, Any]:
     rng = random.Random(n)
     rows = [
@@ -122,7 +123,7 @@ def _one(
     sor_path = root / "sor.sqlite"
     _write_sor(sor_path, rows)
     sor = SorSettings(kind="sqlite", sqlite_path=sor_path)
-    store = StoreSettings(data_dir=root / "store")
+    store = StoreSettings(data_dir=root / "store", **store_options)
     settings = IngestSettings(
         kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),  # never contacted
         store=store,
@@ -233,6 +234,8 @@ def run(
     queries: int = 200,
     data_dir: Path | None = None,
     max_rss_gib: float | None = None,
+    payload_in_ram: bool = True,
+    search_threads: int | None = None,
 ) -> dict[str, Any]:
     """Each N in turn in its own directory; a JSON-able report (see the module docstring)."""
     if not tenants or min(tenants) < 1 or docs < 1 or queries < 1:
@@ -240,6 +243,10 @@ def run(
     load_before = os.getloadavg()
     # stop a run before the machine runs out of memory (default: 60% of it)
     limit_mib = (max_rss_gib * 1024) if max_rss_gib else 0.6 * _mem_total_mib()
+    options: dict[str, Any] = {
+        "edge_payload_in_ram": payload_in_ram,
+        "edge_search_threads": search_threads,
+    }
     # reused in turn when there are more documents (contents repeat across tenants)
     texts = short_texts(min(5000, max(tenants) * docs), list(prose_paragraphs()))
     results = []
@@ -250,7 +257,15 @@ def run(
             where = root / f"n{n}"
             where.mkdir()
             results.append(
-                _one(where, n, docs=docs, queries=queries, texts=texts, max_rss_mib=limit_mib)
+                _one(
+                    where,
+                    n,
+                    docs=docs,
+                    queries=queries,
+                    texts=texts,
+                    max_rss_mib=limit_mib,
+                    store_options=options,
+                )
             )
             if "broke" in results[-1]:
                 break  # a larger N breaks the same way, sooner
@@ -261,6 +276,7 @@ def run(
         "config": {
             "store": "EdgeStore (qdrant-edge, embedded): one collection (shard) per tenant, "
             "opened on first use and kept open",
+            "store_settings": options,
             "documents_per_tenant": docs,
             "texts": "single sentences of 8-40 words of the machine's prose (one chunk each)",
             "embedder": "PrecomputedEmbedder (no model runs; MiniLM's spec and tokenizer)",
@@ -296,6 +312,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="stop a run above this (default 60%% of RAM)",
     )
+    parser.add_argument(
+        "--payload-on-disk",
+        action="store_true",
+        help="RAGSTREAM_STORE__EDGE_PAYLOAD_IN_RAM=false (payload pages not held in memory)",
+    )
+    parser.add_argument(
+        "--search-threads", type=int, default=None, help="RAGSTREAM_STORE__EDGE_SEARCH_THREADS"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -306,6 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         queries=args.queries,
         data_dir=args.data_dir,
         max_rss_gib=args.max_rss_gib,
+        payload_in_ram=not args.payload_on_disk,
+        search_threads=args.search_threads,
     )
     return emit(report)
 
