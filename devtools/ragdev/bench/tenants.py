@@ -40,7 +40,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from ragcore.embedders.local_onnx import MINILM_SPEC
-from ragcore.errors import ConfigError
+from ragcore.errors import ConfigError, StoreError
 from ragcore.kafka_config import KafkaSettings
 from ragcore.prepare import Preparer
 from ragcore.resources import package_dir
@@ -62,6 +62,14 @@ log = logging.getLogger(__name__)
 
 def _open_files() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def _memory_maps() -> int:
+    return len(Path("/proc/self/maps").read_text().splitlines())
+
+
+def _max_map_count() -> int:
+    return int(Path("/proc/sys/vm/max_map_count").read_text())
 
 
 def _rss_mib() -> float:
@@ -148,10 +156,20 @@ def _one(
     began = time.perf_counter()
     rejected = 0
     for start in range(0, len(entities), 100):
-        rejected += len(worker.handler.upsert_entities(entities[start : start + 100], "bench"))
-        if _rss_mib() > max_rss_mib:
-            indexed = len({e.tenant_id for e in entities[: start + 100]})
-            rss, files = _rss_mib(), _open_files()
+        failure: str | None = None
+        try:
+            batch = entities[start : start + 100]
+            rejected += len(worker.handler.upsert_entities(batch, "bench"))
+        except StoreError as exc:
+            failure = f"the store failed: {exc}"
+        if failure is None and _rss_mib() > max_rss_mib:
+            failure = (
+                f"this process's resident memory passed the limit of {max_rss_mib:.0f} MiB: "
+                "every tenant's collection is a qdrant-edge shard held open"
+            )
+        if failure is not None:
+            indexed = len({e.tenant_id for e in entities[:start]}) or 1
+            rss, files, maps = _rss_mib(), _open_files(), _memory_maps()
             worker.close()
             return {
                 "tenants": n,
@@ -160,11 +178,10 @@ def _one(
                     "rss_mib": rss,
                     "rss_mib_per_tenant": round((rss - rss_before) / indexed, 1),
                     "open_files": files,
+                    "memory_maps": maps,
+                    "memory_maps_limit": _max_map_count(),
                     "seconds": round(time.perf_counter() - began, 1),
-                    "reason": (
-                        f"this process's resident memory passed the limit of {max_rss_mib:.0f} "
-                        "MiB: every tenant's collection is a qdrant-edge shard held open"
-                    ),
+                    "reason": failure,
                 },
             }
     ingest_s = time.perf_counter() - began
@@ -202,7 +219,7 @@ def _one(
             name = pb.RetrievalStatus.Name(pack.status)
             statuses[name] = statuses.get(name, 0) + 1
         passes.append(latencies)
-    files_end, rss_end = _open_files(), _rss_mib()
+    files_end, rss_end, maps_end = _open_files(), _rss_mib(), _memory_maps()
     app.close()
     return {
         "tenants": n,
@@ -216,6 +233,7 @@ def _one(
         "retrieve_first_touch_ms": _percentiles_ms(passes[0]),
         "retrieve_shards_open_ms": _percentiles_ms(passes[1]),
         "retrieve_statuses": statuses,
+        "memory_maps_after_retrieve": maps_end,
         "open_files": {
             "before": files_before,
             "after_ingest": files_ingest,
@@ -283,6 +301,7 @@ def run(
             "queries": queries,
             "open_files_limit": _nofile(),
             "max_rss_mib": round(limit_mib),
+            "memory_maps_limit": _max_map_count(),
         },
         "results": results,
     }
