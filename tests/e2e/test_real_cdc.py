@@ -594,12 +594,18 @@ def test_worker_killed_and_restarted_mid_stream_converges(cdc: Cdc, tmp_path: Pa
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
             kills += 1
+        log_path = tmp_path / "worker.log"
+        started = log_path.read_text(errors="replace").count("consuming [")  # killed workers'
         proc = subprocess.Popen(
             [sys.executable, "-m", "streams"], env=env, stdout=log, stderr=subprocess.STDOUT
         )
         try:
             eventually(done, 120, "the restarted worker caught up")
-            eventually(lambda: "consuming [" in (tmp_path / "worker.log").read_text(), 30)
+            # its own line (the killed ones may have committed everything already): only then
+            # are its signal handlers installed and a SIGTERM a clean stop
+            eventually(
+                lambda: log_path.read_text(errors="replace").count("consuming [") > started, 60
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0
