@@ -303,7 +303,8 @@ class _Packer:
     def count(self, start: int, end: int) -> int:
         """Tokens of `text[start:end]`: from the whole text's token offsets when the counter
         is context-free and the span is bounded by whitespace or the text's ends (a piece cut
-        inside a word is tokenized differently alone), else counted alone."""
+        inside a word is tokenized differently alone), else counted alone
+        (docs/decisions/cpu-on-the-hot-paths.md)."""
         text = self.text
         if (
             self._starts is None

@@ -87,7 +87,8 @@ def cpu_session(model: bytes, path: Path, intra_op_threads: int | None) -> Any:
     if intra_op_threads is not None:
         options.intra_op_num_threads = intra_op_threads
     # Idle pool threads sleep instead of spinning: a server embedding one query at a time
-    # otherwise burns the cores between requests that other requests need.
+    # otherwise burns the cores between requests that other requests need
+    # (docs/decisions/cpu-on-the-hot-paths.md).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])

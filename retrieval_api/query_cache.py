@@ -2,7 +2,7 @@
 
 Keyed by (tenant, model version, query text after validation): a hit never crosses tenants, so
 its shorter latency cannot tell one tenant what another asked. Least recently used entries go
-first; the vectors handed out are read-only.
+first; the vectors handed out are read-only (docs/decisions/query-vector-cache.md).
 """
 
 from __future__ import annotations

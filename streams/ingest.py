@@ -136,6 +136,10 @@ class _Work:
     records: list[RawRecord] = field(default_factory=list)
 
 
+#: What a write target needs for an entity (`IngestHandler._need`).
+_Need = Literal["stale", "unchanged", "refresh", "chunks"]
+
+
 @dataclass(slots=True)
 class _TargetWrite:
     """New chunks of one entity for one write target (replacing `refs`, its indexed chunks)."""
@@ -555,14 +559,7 @@ class IngestHandler:
         same content and metadata), a payload refresh (same content), or new chunks."""
         decided = _Decided()
         manifests = self._manifests([entity for _, entity in upserts])
-        needs = [
-            [
-                (target, refs, self._need(entity, refs))
-                for target in self._targets.write_targets(entity.tenant_id)
-                for refs in [manifests.get((target.collection, entity.entity_id), {})]
-            ]
-            for _, entity in upserts
-        ]
+        needs = [self._needs(entity, manifests) for _, entity in upserts]
         self._prime(upserts, needs)
         for (item, entity), per_target in zip(upserts, needs, strict=True):
             chunked: dict[str, list[Chunk] | None] = {}  # per model (tokenizer and budget)
@@ -593,10 +590,20 @@ class IngestHandler:
                 self._count_all(item, outcome)
         return decided
 
+    def _needs(
+        self, entity: Entity, manifests: Mapping[tuple[str, str], dict[str, ChunkRef]]
+    ) -> list[tuple[TargetIndex, dict[str, ChunkRef], _Need]]:
+        """Each write target of the entity, its indexed chunks and what it needs."""
+        out: list[tuple[TargetIndex, dict[str, ChunkRef], _Need]] = []
+        for target in self._targets.write_targets(entity.tenant_id):
+            refs = manifests.get((target.collection, entity.entity_id), {})
+            out.append((target, refs, self._need(entity, refs)))
+        return out
+
     def _prime(
         self,
         upserts: Sequence[tuple[_Work, Entity]],
-        needs: Sequence[Sequence[tuple[TargetIndex, dict[str, ChunkRef], str]]],
+        needs: Sequence[Sequence[tuple[TargetIndex, dict[str, ChunkRef], _Need]]],
     ) -> None:
         """Tokenize, per model, every entity that needs new chunks in one batch."""
         by_model: dict[str, tuple[EntityPreparer, list[Entity]]] = {}
@@ -612,9 +619,7 @@ class IngestHandler:
             preparer.prime(entities)
         self._metrics.stage_seconds.labels("chunk").observe(time.perf_counter() - started)
 
-    def _need(
-        self, entity: Entity, refs: Mapping[str, ChunkRef]
-    ) -> Literal["stale", "unchanged", "refresh", "chunks"]:
+    def _need(self, entity: Entity, refs: Mapping[str, ChunkRef]) -> _Need:
         """What a write target needs for `entity`, given the chunks it indexes (`refs`)."""
         current = indexed_version(refs)
         if current is not None and is_provably_older(entity.version, current):

@@ -90,3 +90,13 @@ class ScriptedStub(Generic[R, C]):
             finally:
                 for client in self.clients:
                     client.close()
+
+
+@dataclass
+class Sleeps:
+    """Stands in for `time.sleep` in a client under test: records the backoff delays."""
+
+    delays: list[float] = field(default_factory=list)
+
+    def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)

@@ -33,7 +33,6 @@ import argparse
 import ast
 import itertools
 import logging
-import math
 import os
 import re
 import shutil
@@ -66,7 +65,7 @@ from ragcore.prepare import Preparer
 from ragcore.settings import StoreSettings
 from ragcore.store.edge import EdgeStore
 from ragcore.wiring import payload_schema
-from ragdev.bench.machine import emit, machine_info
+from ragdev.bench.machine import emit, machine_info, percentiles
 from ragdev.services.tansu import TansuBroker
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.entities import ContentFormat, Entity
@@ -301,22 +300,6 @@ def _outcomes(before: Samples, after: Samples) -> dict[str, int]:
                 outcome = dict(labels)["outcome"]
                 out[outcome] = out.get(outcome, 0) + round(change)
     return out
-
-
-def _percentiles(values: Sequence[float]) -> dict[str, float]:
-    ordered = sorted(values)
-
-    def pick(q: float) -> float:
-        # nearest rank: the smallest sample with at least q of the samples at or below it
-        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-    return {
-        "p50": round(pick(0.50), 3),
-        "p95": round(pick(0.95), 3),
-        "p99": round(pick(0.99), 3),
-        "max": round(ordered[-1], 3),
-        "mean": round(statistics.fmean(ordered), 3),
-    }
 
 
 def _goal(key: str, measured: float) -> dict[str, Any]:
@@ -876,7 +859,7 @@ def _phase_freshness(bench: _Bench, texts: Sequence[str], rate: float) -> dict[s
             **bench.token_stats(texts),
         },
         "observed": len(samples),
-        "freshness_s": _percentiles(samples),
+        "freshness_s": percentiles(samples),
         **result,
     }
 

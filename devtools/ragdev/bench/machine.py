@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
+import statistics
 import tempfile
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
@@ -81,3 +83,35 @@ def emit(report: Mapping[str, Any], out: Path | None = None, code: int = 0) -> i
     if out is not None:
         out.write_text(text + "\n", encoding="utf-8")
     return code
+
+
+def percentiles(
+    values: Sequence[float], *, scale: float = 1.0, digits: int = 3
+) -> dict[str, float]:
+    """p50/p95/p99 by nearest rank (the smallest sample with at least q of the samples at or
+    below it), max and mean of `values` times `scale` (1000: seconds to milliseconds)."""
+    ordered = sorted(v * scale for v in values)
+
+    def pick(q: float) -> float:
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+    return {
+        "p50": round(pick(0.50), digits),
+        "p95": round(pick(0.95), digits),
+        "p99": round(pick(0.99), digits),
+        "max": round(ordered[-1], digits),
+        "mean": round(statistics.fmean(ordered), digits),
+    }
+
+
+def proc_status_mib(key: str) -> float | None:
+    """A memory figure of this process from /proc/self/status (VmRSS, VmHWM...) in MiB; None
+    where the file or the key does not exist."""
+    try:
+        lines = Path("/proc/self/status").read_text(encoding="ascii").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith(f"{key}:"):
+            return round(int(line.split()[1]) / 2**10, 1)
+    return None

@@ -73,7 +73,7 @@ from ragcore.store.edge import EdgeStore
 from ragcore.store.points import CHUNK_COUNT, chunk_point, rfc3339, row_fields
 from ragcore.store.registry import FileIndexRegistry
 from ragcore.wiring import payload_schema
-from ragdev.bench.machine import emit, machine_info, run_dir
+from ragdev.bench.machine import emit, machine_info, proc_status_mib, run_dir
 from schemas.entities import ContentFormat, EntityVersion
 from streams.reconcile import reconcile
 
@@ -405,27 +405,15 @@ def _ru_maxrss_mib() -> float:
     return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
 
 
-def _proc_status_mib(key: str) -> float | None:
-    """A `kB` line of /proc/self/status (Linux) in MiB, None elsewhere."""
-    try:
-        lines = Path("/proc/self/status").read_text(encoding="ascii").splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        if line.startswith(f"{key}:"):
-            return round(int(line.split()[1]) / 2**10, 1)
-    return None
-
-
 def _peak_rss_mib() -> float:
     """This process's own peak RSS: VmHWM (reset by exec, unlike ru_maxrss) where Linux has it,
     else ru_maxrss."""
-    hwm = _proc_status_mib("VmHWM")
+    hwm = proc_status_mib("VmHWM")
     return hwm if hwm is not None else _ru_maxrss_mib()
 
 
 def _rss_mib() -> float | None:
-    return _proc_status_mib("VmRSS")
+    return proc_status_mib("VmRSS")
 
 
 def _reset_peak_rss() -> bool:

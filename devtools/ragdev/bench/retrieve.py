@@ -75,7 +75,7 @@ from ragcore.store.points import chunk_point, rfc3339, row_fields
 from ragcore.store.registry import FileIndexRegistry
 from ragcore.wiring import payload_schema
 from ragdev.bench.ingest import prose_paragraphs
-from ragdev.bench.machine import emit, flat, int_list, machine_info, run_dir
+from ragdev.bench.machine import emit, flat, int_list, machine_info, percentiles, run_dir
 from ragdev.bench.reconcile import chunk_locator
 from retrieval_api.app import RetrieveApp, build_app
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
@@ -515,22 +515,6 @@ def _drive(
     )
 
 
-def _percentiles_ms(values: Sequence[float]) -> dict[str, float]:
-    ordered = sorted(v * 1000.0 for v in values)
-
-    def pick(q: float) -> float:
-        # nearest rank: the smallest sample with at least q of the samples at or below it
-        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-    return {
-        "p50": round(pick(0.50), 2),
-        "p95": round(pick(0.95), 2),
-        "p99": round(pick(0.99), 2),
-        "max": round(ordered[-1], 2),
-        "mean": round(statistics.fmean(ordered), 2),
-    }
-
-
 def _summary(
     slices: Sequence[_Slice], concurrency: int, loads: Sequence[Sequence[float]]
 ) -> dict[str, Any]:
@@ -554,7 +538,7 @@ def _summary(
         "n": n,
         "wall_s": round(wall, 3),
         "qps": round(n / wall, 2),
-        "latency_ms": _percentiles_ms([s.latency_s for s in samples]),
+        "latency_ms": percentiles([s.latency_s for s in samples], scale=1000.0, digits=2),
         "statuses": dict(Counter(s.status for s in samples)),
         "mean_results": round(statistics.fmean(s.results for s in answered), 2)
         if answered

@@ -17,19 +17,18 @@ model. Then, in the same process:
 - reconcile of every tenant against the SoR (`IngestWorker.reconcile_once`);
 - open files and resident memory at the end.
 
-Run: `ragstream bench tenants --tenants 100,1000,10000` (prints one JSON document).
+Run: `ragstream bench tenants --tenants 100,1000,10000` (prints one JSON document). What it
+measured: docs/decisions/tenant-collections-limits.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import random
 import resource
 import sqlite3
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -46,7 +45,15 @@ from ragcore.prepare import Preparer
 from ragcore.resources import package_dir
 from ragcore.settings import SorSettings, StoreSettings
 from ragdev.bench.ingest import PrecomputedEmbedder, prose_paragraphs, short_texts
-from ragdev.bench.machine import emit, flat, int_list, machine_info, run_dir
+from ragdev.bench.machine import (
+    emit,
+    flat,
+    int_list,
+    machine_info,
+    percentiles,
+    proc_status_mib,
+    run_dir,
+)
 from retrieval_api.app import build_app
 from retrieval_api.settings import RetrieveSettings
 from retrieval_api.validate import validate_request
@@ -73,24 +80,10 @@ def _max_map_count() -> int:
 
 
 def _rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    raise ConfigError("VmRSS not found in /proc/self/status")
-
-
-def _percentiles_ms(values: Sequence[float]) -> dict[str, float]:
-    ordered = sorted(v * 1000 for v in values)
-
-    def pick(q: float) -> float:
-        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-    return {
-        "p50": round(pick(0.5), 2),
-        "p95": round(pick(0.95), 2),
-        "max": round(ordered[-1], 2),
-        "mean": round(statistics.fmean(ordered), 2),
-    }
+    rss = proc_status_mib("VmRSS")
+    if rss is None:
+        raise ConfigError("VmRSS not found in /proc/self/status")
+    return rss
 
 
 def _tenant(i: int) -> str:
@@ -230,8 +223,8 @@ def _one(
         "reconcile_all_tenants_s": round(reconcile_s, 2),
         "reconcile_drift": drift,
         "retrieve_startup_s": round(startup_s, 3),
-        "retrieve_first_touch_ms": _percentiles_ms(passes[0]),
-        "retrieve_shards_open_ms": _percentiles_ms(passes[1]),
+        "retrieve_first_touch_ms": percentiles(passes[0], scale=1000.0, digits=2),
+        "retrieve_shards_open_ms": percentiles(passes[1], scale=1000.0, digits=2),
         "retrieve_statuses": statuses,
         "memory_maps_after_retrieve": maps_end,
         "open_files": {

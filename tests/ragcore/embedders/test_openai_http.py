@@ -23,7 +23,7 @@ from ragcore.embedders.base import Embedder
 from ragcore.embedders.openai_http import OpenAIEmbedder, OpenAIEmbedderConfig
 from ragcore.errors import EmbeddingDimensionError, EmbeddingError, EmbeddingUnavailableError
 from ragcore.http_common import parse_retry_after
-from tests.http_stub import Response, ScriptedStub
+from tests.http_stub import Response, ScriptedStub, Sleeps
 
 DIM = 8
 KEY = "sk-test-Secret-4242"
@@ -94,14 +94,6 @@ def stub() -> Iterator[Stub]:
     stub = Stub(Reply)
     with stub.serving(functools.partial(_answer, stub), "/v1"):
         yield stub
-
-
-@dataclass
-class Sleeps:
-    delays: list[float] = field(default_factory=list)
-
-    def __call__(self, seconds: float) -> None:
-        self.delays.append(seconds)
 
 
 def make(

@@ -16,7 +16,7 @@ from pydantic import SecretStr, ValidationError
 from ragcore.rerankers import RerankError, RerankUnavailableError, build_reranker
 from ragcore.rerankers.http import HttpReranker, HttpRerankerConfig, sigmoid
 from retrieval_api.service import Reranker
-from tests.http_stub import Response, ScriptedStub
+from tests.http_stub import Response, ScriptedStub, Sleeps
 
 KEY = "rk-test-Secret-4242"
 QUERY = "pump pressure drop"
@@ -89,14 +89,6 @@ def stub() -> Iterator[Stub]:
     stub = Stub(Reply)
     with stub.serving(functools.partial(_answer, stub)):
         yield stub
-
-
-@dataclass
-class Sleeps:
-    delays: list[float] = field(default_factory=list)
-
-    def __call__(self, seconds: float) -> None:
-        self.delays.append(seconds)
 
 
 def make(
