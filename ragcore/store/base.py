@@ -43,9 +43,25 @@ SOURCE_HASH = "source_hash"
 #: The mapped SoR table an entity comes from (`TableMapping.label`; a TRUNCATE filters on it).
 SOURCE_TABLE = "source_table"
 EVENT_DATE = "event_date"
+#: In a shared collection, the logical collection (`rag__<tenant>__v<N>`) a point belongs to;
+#: set and filtered by `ragcore.store.tiered.TieredStore` only (docs/decisions/tiered-tenancy.md).
+PARTITION = "ragstream_partition"
 
 #: Fields with a keyword index in every collection.
-CORE_KEYWORD_FIELDS: tuple[str, ...] = (TENANT_ID, ENTITY_ID, ENTITY_TYPE, CHUNK_ID, SOURCE_TABLE)
+CORE_KEYWORD_FIELDS: tuple[str, ...] = (
+    TENANT_ID,
+    ENTITY_ID,
+    ENTITY_TYPE,
+    CHUNK_ID,
+    SOURCE_TABLE,
+    PARTITION,
+)
+#: Keyword fields indexed as the engine's tenant key (`is_tenant`): stored and searched per value.
+TENANT_KEY_FIELDS: tuple[str, ...] = (TENANT_ID, PARTITION)
+
+#: Where an index version lives: its own collection, or a partition of a shared one.
+Placement = Literal["dedicated", "shared"]
+PLACEMENTS: tuple[Placement, ...] = ("dedicated", "shared")
 
 RangeKind = Literal["datetime", "float", "integer"]
 DenseVector: TypeAlias = NDArray[np.float32] | Sequence[float]
@@ -202,6 +218,8 @@ class StoreFilter:
     - `entity_types` / `entity_ids`: empty means "any"; otherwise the point must match one.
     - `keywords`: field -> allowed values (the point must match one value of every field).
     - `ranges`: field -> `Range` on a range field of the payload schema (e.g. `event_date`).
+    - `partition`: the logical collection inside a shared one; set by `TieredStore`, which
+      owns the placement, never by callers (docs/decisions/tiered-tenancy.md).
     """
 
     tenant_id: str
@@ -209,6 +227,7 @@ class StoreFilter:
     entity_ids: tuple[str, ...] = ()
     keywords: Mapping[str, tuple[PayloadValue, ...]] = field(default_factory=dict)
     ranges: Mapping[str, Range] = field(default_factory=dict)
+    partition: str | None = None
 
     def __post_init__(self) -> None:
         validate_tenant(self.tenant_id)
@@ -218,6 +237,8 @@ class StoreFilter:
         for name, values in keywords.items():
             if name == TENANT_ID:
                 raise ValueError("tenant_id is set by StoreFilter.tenant_id, not by keywords")
+            if name == PARTITION:
+                raise ValueError(f"{PARTITION} is set by StoreFilter.partition, not by keywords")
             if not values:
                 raise ValueError(f"keyword filter {name!r} has no allowed values")
             kinds = {type(v) for v in values}
@@ -309,9 +330,20 @@ def split_engine_vectors(vector: Any) -> tuple[NDArray[np.float32] | None, Spars
     return dense, sparse
 
 
+def refuse_shared(name: str, placement: Placement) -> None:
+    """StoreError unless `placement` is dedicated: an engine adapter holds whole collections;
+    partitions of a shared one are `ragcore.store.tiered.TieredStore`'s."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+    if placement != "dedicated":
+        raise StoreError(
+            f"collection {name!r}: shared placement needs a TieredStore over this adapter"
+        )
+
+
 def check_payload_update(values: Mapping[str, Any], unset: Sequence[str]) -> None:
     """Refuse payload updates that would move a point to another tenant, entity or chunk."""
-    frozen = {TENANT_ID, ENTITY_ID, CHUNK_ID} & (set(values) | set(unset))
+    frozen = {TENANT_ID, ENTITY_ID, CHUNK_ID, PARTITION} & (set(values) | set(unset))
     if frozen:
         raise StoreError(f"payload fields {sorted(frozen)} cannot be updated in place")
 
@@ -353,8 +385,19 @@ class VectorStore(Protocol):
     `StoreUnavailableError` (retry later).
     """
 
-    def ensure_collection(self, name: str, dimension: int, sparse: bool = True) -> None:
-        """Create the collection (vectors + payload indexes) if absent; verify it if present."""
+    def ensure_collection(
+        self,
+        name: str,
+        dimension: int,
+        sparse: bool = True,
+        *,
+        placement: Placement = "dedicated",
+    ) -> None:
+        """Create the collection (vectors + payload indexes) if absent; verify it if present.
+
+        `placement="shared"` makes it a partition of a shared collection; only
+        `ragcore.store.tiered.TieredStore` does that (the engine adapters raise StoreError).
+        """
         ...
 
     def drop_collection(self, name: str) -> bool:

@@ -38,17 +38,20 @@ from ragcore.errors import StoreError
 from ragcore.store.base import (
     DENSE_VECTOR,
     ENTITY_ID,
+    PARTITION,
     SPARSE_VECTOR,
     TENANT_ID,
+    TENANT_KEY_FIELDS,
     PayloadSchema,
+    Placement,
     PointRecord,
     SparseVector,
     StoreFilter,
-    check_payload_update,
     datetime_bounds,
     numeric_bounds,
+    refuse_shared,
 )
-from ragcore.store.engine import QdrantEngineReads
+from ragcore.store.engine import QdrantEngine
 from ragcore.store.ids import validate_collection_name
 
 T = TypeVar("T")
@@ -126,7 +129,7 @@ def _to_sparse(vector: SparseVector) -> qe.SparseVector:
     return qe.SparseVector(list(vector.indices), list(vector.values))
 
 
-class EdgeStore(QdrantEngineReads):
+class EdgeStore(QdrantEngine):
     """`VectorStore` on qdrant-edge shards under `data_dir` (see the module docstring)."""
 
     def __init__(
@@ -209,8 +212,17 @@ class EdgeStore(QdrantEngineReads):
 
     # --- collections ---------------------------------------------------------------------
 
-    def ensure_collection(self, name: str, dimension: int, sparse: bool = True) -> None:
-        """Create the shard if absent, else check its vectors; then add missing payload indexes."""
+    def ensure_collection(
+        self,
+        name: str,
+        dimension: int,
+        sparse: bool = True,
+        *,
+        placement: Placement = "dedicated",
+    ) -> None:
+        """Create the shard if absent, else check its vectors; then add missing payload indexes
+        (dedicated placement only: `TieredStore` makes shared ones)."""
+        refuse_shared(name, placement)
         if dimension <= 0:
             raise ValueError(f"dimension must be > 0, got {dimension}")
         runtime = self._rt()
@@ -248,7 +260,9 @@ class EdgeStore(QdrantEngineReads):
 
     def _ensure_indexes(self, name: str, handle: _Shard) -> None:
         existing = _vendor(f"info {name}", lambda: handle.shard.info().payload_schema)
-        wanted: dict[str, Any] = {TENANT_ID: qe.KeywordIndexParams(is_tenant=True)}
+        wanted: dict[str, Any] = {
+            k: qe.KeywordIndexParams(is_tenant=True) for k in TENANT_KEY_FIELDS
+        }
         for key in self._schema.all_keyword_fields():
             wanted.setdefault(key, qe.PayloadSchemaType.Keyword)
         kinds = {
@@ -303,32 +317,26 @@ class EdgeStore(QdrantEngineReads):
             converted.append(qe.Point(p.point_id, vector, dict(p.payload)))
         self._write(name, qe.UpdateOperation.upsert_points(converted))
 
-    def delete_points(self, name: str, ids: Sequence[str], wait: bool = True) -> None:
-        """Delete points by id."""
-        if ids:
-            self._write(name, qe.UpdateOperation.delete_points(list(ids)))
+    def _selection(self, ids: Sequence[str] | None, partition: str | None) -> qe.Filter:
+        must: list[Any] = []
+        if ids is not None:
+            must.append(qe.HasIdCondition(set(ids)))
+        if partition is not None:
+            must.append(qe.FieldCondition(PARTITION, match=qe.MatchValue(partition)))
+        if not must:
+            raise ValueError("a selection needs ids or a partition")
+        return qe.Filter(must=must)
 
-    def update_payload(
-        self,
-        name: str,
-        ids: Sequence[str],
-        values: Mapping[str, Any],
-        unset: Sequence[str] = (),
-        wait: bool = True,
+    def _delete(self, name: str, selection: qe.Filter, wait: bool) -> None:
+        self._write(name, qe.UpdateOperation.delete_points_by_filter(selection))
+
+    def _set_payload(
+        self, name: str, selection: qe.Filter, values: Mapping[str, Any], wait: bool
     ) -> None:
-        """Set and remove payload keys of the given points (vectors untouched)."""
-        check_payload_update(values, unset)
-        if not ids:
-            return
-        if values:
-            self._write(name, qe.UpdateOperation.set_payload(list(ids), dict(values)))
-        if unset:
-            self._write(name, qe.UpdateOperation.delete_payload(list(ids), list(unset)))
+        self._write(name, qe.UpdateOperation.set_payload_by_filter(selection, dict(values)))
 
-    def delete_by_entity(self, name: str, tenant_id: str, entity_id: str) -> None:
-        """Delete every point of one entity of one tenant."""
-        condition = self._filter(StoreFilter(tenant_id=tenant_id, entity_ids=(entity_id,)))
-        self._write(name, qe.UpdateOperation.delete_points_by_filter(condition))
+    def _unset_payload(self, name: str, selection: qe.Filter, keys: list[str], wait: bool) -> None:
+        self._write(name, qe.UpdateOperation.delete_payload_by_filter(selection, keys))
 
     def optimize(self, name: str) -> bool:
         """Run the engine's optimizers now (HNSW, payload indexes, vacuum); blocks until done."""
@@ -347,6 +355,8 @@ class EdgeStore(QdrantEngineReads):
         must: list[Any] = [
             qe.FieldCondition(TENANT_ID, match=qe.MatchValue(store_filter.tenant_id))
         ]
+        if store_filter.partition is not None:
+            must.append(qe.FieldCondition(PARTITION, match=qe.MatchValue(store_filter.partition)))
         if store_filter.entity_types:
             must.append(
                 qe.FieldCondition("entity_type", match=qe.MatchAny(list(store_filter.entity_types)))

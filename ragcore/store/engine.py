@@ -1,22 +1,30 @@
-"""The read path both Qdrant adapters share (qdrant-edge shards and a Qdrant server/client).
+"""What both Qdrant adapters share (qdrant-edge shards and a Qdrant server/client).
 
-The engines differ in their request types and calls, not in what a search, a fetch by id or a
-scroll means: `QdrantEngineReads` holds that meaning once (argument checks, the dense and sparse
-branches of a hybrid search in one round trip, the tenant check on every hit and point, the
-order of fetched ids, the scroll loop and its payload selection) and asks the adapter only for
-the engine's primitives.
+The engines differ in their request types and calls, not in what a search, a fetch by id, a
+scroll or a scoped delete means: `QdrantEngine` holds that meaning once (argument checks, the
+dense and sparse branches of a hybrid search in one round trip, the tenant check on every hit
+and point, the order of fetched ids, the scroll loop and its payload selection, and the
+partition scope of writes to a shared collection) and asks the adapter only for the engine's
+primitives.
+
+Partitions (docs/decisions/tiered-tenancy.md): `ragcore.store.tiered.TieredStore` places small
+tenants' index versions in one shared collection, each version a partition named by the
+`PARTITION` payload key. It passes `partition=` to the writes and fetches by id below and
+`StoreFilter.partition` to everything filtered, so the engine itself confines every operation
+to the partition; the key is never returned in a payload.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ragcore.store.base import (
     DENSE_VECTOR,
+    PARTITION,
     SPARSE_VECTOR,
     TENANT_ID,
     ChunkRef,
@@ -26,6 +34,7 @@ from ragcore.store.base import (
     SparseVector,
     StoredPoint,
     StoreFilter,
+    check_payload_update,
     check_tenant,
     chunk_manifest,
     payload_selection,
@@ -39,9 +48,9 @@ def dense_list(vector: DenseVector) -> list[float]:
     return np.asarray(vector, dtype=np.float32).reshape(-1).tolist()
 
 
-class QdrantEngineReads(ABC):
-    """Searches, fetches and scrolls of a `VectorStore` over a Qdrant engine; the adapter
-    supplies the engine's requests and calls."""
+class QdrantEngine(ABC):
+    """Searches, fetches, scrolls and scoped writes of a `VectorStore` over a Qdrant engine; the
+    adapter supplies the engine's requests and calls."""
 
     # --- the engine's primitives -----------------------------------------------------------
 
@@ -81,7 +90,65 @@ class QdrantEngineReads(ABC):
         """One page of a scroll ordered by point id and the next offset (None at the end);
         `keys` selects payload keys (None: the whole payload)."""
 
+    @abstractmethod
+    def _selection(self, ids: Sequence[str] | None, partition: str | None) -> Any:
+        """The engine's filter `id in ids` and/or `PARTITION == partition` (one is given)."""
+
+    @abstractmethod
+    def _delete(self, name: str, selection: Any, wait: bool) -> None:
+        """Delete the points matching this engine filter."""
+
+    @abstractmethod
+    def _set_payload(
+        self, name: str, selection: Any, values: Mapping[str, Any], wait: bool
+    ) -> None:
+        """Set payload keys of the points matching this engine filter."""
+
+    @abstractmethod
+    def _unset_payload(self, name: str, selection: Any, keys: list[str], wait: bool) -> None:
+        """Remove payload keys of the points matching this engine filter."""
+
     # --- the shared meaning ----------------------------------------------------------------
+
+    def delete_partition(self, name: str, partition: str) -> None:
+        """Delete every point of one partition of a shared collection, whatever its tenant."""
+        self._delete(name, self._selection(None, partition), True)
+
+    def delete_points(
+        self, name: str, ids: Sequence[str], wait: bool = True, *, partition: str | None = None
+    ) -> None:
+        """Delete points by id (only those of `partition`, when given); absent ids are
+        ignored."""
+        if ids:
+            self._delete(name, self._selection(ids, partition), wait)
+
+    def update_payload(
+        self,
+        name: str,
+        ids: Sequence[str],
+        values: Mapping[str, Any],
+        unset: Sequence[str] = (),
+        wait: bool = True,
+        *,
+        partition: str | None = None,
+    ) -> None:
+        """Set and remove payload keys of the given points (only those of `partition`, when
+        given; absent ids are ignored); vectors untouched."""
+        check_payload_update(values, unset)
+        if not ids:
+            return
+        selection = self._selection(ids, partition)
+        if values:
+            self._set_payload(name, selection, values, wait)
+        if unset:
+            self._unset_payload(name, selection, list(unset), wait)
+
+    def delete_by_entity(
+        self, name: str, tenant_id: str, entity_id: str, *, partition: str | None = None
+    ) -> None:
+        """Delete every point of one entity of one tenant (in `partition`, when given)."""
+        scope = StoreFilter(tenant_id=tenant_id, entity_ids=(entity_id,), partition=partition)
+        self._delete(name, self._filter(scope), True)
 
     def _query(
         self, query: Any, using: str, store_filter: StoreFilter, limit: int, with_vectors: bool
@@ -96,7 +163,7 @@ class QdrantEngineReads(ABC):
             ScoredHit(
                 point_id=str(p.id),
                 score=float(p.score),
-                payload=p.payload or {},
+                payload=_visible(p.payload),
                 dense=split_engine_vectors(p.vector)[0],
             )
             for p in points
@@ -107,7 +174,7 @@ class QdrantEngineReads(ABC):
     @staticmethod
     def _stored(record: Any) -> StoredPoint:
         dense, sparse = split_engine_vectors(record.vector)
-        return StoredPoint(str(record.id), record.payload or {}, dense, sparse)
+        return StoredPoint(str(record.id), _visible(record.payload), dense, sparse)
 
     def search_dense(
         self,
@@ -154,16 +221,27 @@ class QdrantEngineReads(ABC):
         return HybridResult(tuple(dense_hits), tuple(sparse_hits), limit)
 
     def retrieve(
-        self, name: str, ids: Sequence[str], tenant_id: str, with_vectors: bool = False
+        self,
+        name: str,
+        ids: Sequence[str],
+        tenant_id: str,
+        with_vectors: bool = False,
+        *,
+        partition: str | None = None,
     ) -> list[StoredPoint]:
-        """The tenant's points among `ids`, in the order of `ids` (missing ids and other
-        tenants' points are omitted)."""
+        """The tenant's points among `ids`, in the order of `ids` (missing ids, other tenants'
+        points and, when `partition` is given, other partitions' points are omitted)."""
         validate_tenant(tenant_id)
         if not ids:
             return []
         by_id = {str(r.id): r for r in self._fetch(name, ids, with_vectors)}
-        found = [self._stored(by_id[i]) for i in dict.fromkeys(ids) if i in by_id]
-        return [p for p in found if p.payload.get(TENANT_ID) == tenant_id]
+        found = [by_id[i] for i in dict.fromkeys(ids) if i in by_id]
+        return [
+            self._stored(r)
+            for r in found
+            if (r.payload or {}).get(TENANT_ID) == tenant_id
+            and (partition is None or (r.payload or {}).get(PARTITION) == partition)
+        ]
 
     def scroll(
         self,
@@ -191,8 +269,18 @@ class QdrantEngineReads(ABC):
             if offset is None:
                 return
 
-    def entity_chunks(self, name: str, tenant_id: str, entity_id: str) -> dict[str, ChunkRef]:
+    def entity_chunks(
+        self, name: str, tenant_id: str, entity_id: str, *, partition: str | None = None
+    ) -> dict[str, ChunkRef]:
         """chunk_id -> ChunkRef for every point of the entity (StoreError on duplicate chunks)."""
-        return chunk_manifest(
-            self.scroll(name, StoreFilter(tenant_id=tenant_id, entity_ids=(entity_id,)))
-        )
+        scope = StoreFilter(tenant_id=tenant_id, entity_ids=(entity_id,), partition=partition)
+        return chunk_manifest(self.scroll(name, scope))
+
+
+def _visible(payload: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """A payload as callers see it: without the partition key a shared collection adds."""
+    if not payload:
+        return {}
+    if PARTITION not in payload:
+        return payload
+    return {k: v for k, v in payload.items() if k != PARTITION}

@@ -31,17 +31,20 @@ from ragcore.store.base import (
     DENSE_VECTOR,
     ENTITY_ID,
     ENTITY_TYPE,
+    PARTITION,
     SPARSE_VECTOR,
     TENANT_ID,
+    TENANT_KEY_FIELDS,
     PayloadSchema,
+    Placement,
     PointRecord,
     SparseVector,
     StoreFilter,
-    check_payload_update,
     datetime_bounds,
     numeric_bounds,
+    refuse_shared,
 )
-from ragcore.store.engine import QdrantEngineReads
+from ragcore.store.engine import QdrantEngine
 from ragcore.store.ids import validate_collection_name
 
 T = TypeVar("T")
@@ -93,7 +96,7 @@ def _to_sparse(vector: SparseVector) -> models.SparseVector:
     return models.SparseVector(indices=list(vector.indices), values=list(vector.values))
 
 
-class QdrantRemoteStore(QdrantEngineReads):
+class QdrantRemoteStore(QdrantEngine):
     """`VectorStore` over a `QdrantClient` (server or local mode)."""
 
     def __init__(
@@ -161,13 +164,16 @@ class QdrantRemoteStore(QdrantEngineReads):
         dimension: int,
         sparse: bool = True,
         *,
+        placement: Placement = "dedicated",
         metadata: Mapping[str, Any] | None = None,
     ) -> None:
         """Create the collection (with `metadata`) if absent, else check its vectors; add indexes.
 
         `metadata` is only written at creation; use `set_collection_metadata` to change it.
+        Dedicated placement only: `TieredStore` makes shared ones.
         """
         validate_collection_name(name)
+        refuse_shared(name, placement)
         if dimension <= 0:
             raise ValueError(f"dimension must be > 0, got {dimension}")
         if _vendor(f"exists {name}", lambda: self._client.collection_exists(name)):
@@ -207,9 +213,8 @@ class QdrantRemoteStore(QdrantEngineReads):
 
     def _ensure_indexes(self, name: str) -> None:
         wanted: dict[str, Any] = {
-            TENANT_ID: models.KeywordIndexParams(
-                type=models.KeywordIndexType.KEYWORD, is_tenant=True
-            )
+            key: models.KeywordIndexParams(type=models.KeywordIndexType.KEYWORD, is_tenant=True)
+            for key in TENANT_KEY_FIELDS
         }
         for key in self._schema.all_keyword_fields():
             wanted.setdefault(key, models.PayloadSchemaType.KEYWORD)
@@ -302,47 +307,39 @@ class QdrantRemoteStore(QdrantEngineReads):
             )
         _vendor(f"upsert {name}", lambda: self._client.upsert(name, points=structs, wait=wait))
 
-    def delete_points(self, name: str, ids: Sequence[str], wait: bool = True) -> None:
-        """Delete points by id."""
-        if not ids:
-            return
-        selector = models.PointIdsList(points=list(ids))
+    def _selection(self, ids: Sequence[str] | None, partition: str | None) -> models.Filter:
+        must: list[Any] = []
+        if ids is not None:
+            must.append(models.HasIdCondition(has_id=list(ids)))
+        if partition is not None:
+            must.append(
+                models.FieldCondition(key=PARTITION, match=models.MatchValue(value=partition))
+            )
+        if not must:
+            raise ValueError("a selection needs ids or a partition")
+        return models.Filter(must=must)
+
+    def _delete(self, name: str, selection: models.Filter, wait: bool) -> None:
+        selector = models.FilterSelector(filter=selection)
         _vendor(
             f"delete {name}",
             lambda: self._client.delete(name, points_selector=selector, wait=wait),
         )
 
-    def update_payload(
-        self,
-        name: str,
-        ids: Sequence[str],
-        values: Mapping[str, Any],
-        unset: Sequence[str] = (),
-        wait: bool = True,
+    def _set_payload(
+        self, name: str, selection: models.Filter, values: Mapping[str, Any], wait: bool
     ) -> None:
-        """Set and remove payload keys of the given points (vectors untouched)."""
-        check_payload_update(values, unset)
-        if not ids:
-            return
-        points = models.PointIdsList(points=list(ids))
-        if values:
-            _vendor(
-                f"set payload {name}",
-                lambda: self._client.set_payload(name, dict(values), points=points, wait=wait),
-            )
-        if unset:
-            _vendor(
-                f"delete payload {name}",
-                lambda: self._client.delete_payload(name, list(unset), points=points, wait=wait),
-            )
-
-    def delete_by_entity(self, name: str, tenant_id: str, entity_id: str) -> None:
-        """Delete every point of one entity of one tenant (waits)."""
-        condition = self._filter(StoreFilter(tenant_id=tenant_id, entity_ids=(entity_id,)))
-        selector = models.FilterSelector(filter=condition)
         _vendor(
-            f"delete {name}",
-            lambda: self._client.delete(name, points_selector=selector, wait=True),
+            f"set payload {name}",
+            lambda: self._client.set_payload(name, dict(values), points=selection, wait=wait),
+        )
+
+    def _unset_payload(
+        self, name: str, selection: models.Filter, keys: list[str], wait: bool
+    ) -> None:
+        _vendor(
+            f"delete payload {name}",
+            lambda: self._client.delete_payload(name, keys, points=selection, wait=wait),
         )
 
     def optimize(self, name: str) -> bool:
@@ -358,6 +355,12 @@ class QdrantRemoteStore(QdrantEngineReads):
                 key=TENANT_ID, match=models.MatchValue(value=store_filter.tenant_id)
             )
         ]
+        if store_filter.partition is not None:
+            must.append(
+                models.FieldCondition(
+                    key=PARTITION, match=models.MatchValue(value=store_filter.partition)
+                )
+            )
         if store_filter.entity_types:
             must.append(
                 models.FieldCondition(

@@ -52,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ragcore.embedders.spec import EmbeddingSpec
 from ragcore.errors import IndexNotFoundError, ManifestMismatchError, StoreError
-from ragcore.store.base import VectorStore
+from ragcore.store.base import Placement, VectorStore
 from ragcore.store.ids import (
     alias_name,
     collection_name,
@@ -469,6 +469,7 @@ class ServerCatalog(VectorStore, Protocol):
         dimension: int,
         sparse: bool = True,
         *,
+        placement: Placement = "dedicated",
         metadata: Mapping[str, Any] | None = None,
     ) -> None:
         """Create the collection with `metadata` if absent."""

@@ -35,7 +35,7 @@ from ragcore.store.base import (
     StoreFilter,
     VectorStore,
 )
-from ragcore.store.ids import point_id
+from ragcore.store.ids import collection_name, point_id
 from ragcore.store.registry import IndexRegistry
 
 DIM = 8
@@ -132,7 +132,21 @@ def ids_of(docs: list[Doc]) -> set[str]:
 
 
 class VectorStoreContract:
-    """The `VectorStore` contract. Override `store_factory`."""
+    """The `VectorStore` contract. Override `store_factory`.
+
+    Engine collections may hold several tenants' points (the tenancy tests put globex's and a
+    bulk tenant's points beside acme's in `COLLECTION`). A store whose collection is one
+    tenant's index version (a partition of a shared pool) sets `one_tenant_per_collection`:
+    the other tenants' points then go to their own collections, in the same pool.
+    """
+
+    one_tenant_per_collection = False
+
+    def home(self, tenant: str) -> str:
+        """The collection a tenant's test points are written to."""
+        if self.one_tenant_per_collection and tenant != "acme":
+            return collection_name(tenant, 1)
+        return COLLECTION
 
     @pytest.fixture
     def store_factory(self) -> StoreFactory:
@@ -146,8 +160,9 @@ class VectorStoreContract:
 
     @pytest.fixture
     def loaded(self, store: VectorStore) -> VectorStore:
-        store.ensure_collection(COLLECTION, DIM)
-        store.upsert(COLLECTION, [record(d) for d in DOCS])
+        for tenant in dict.fromkeys(d.tenant for d in DOCS):
+            store.ensure_collection(self.home(tenant), DIM)
+            store.upsert(self.home(tenant), [record(d) for d in DOCS if d.tenant == tenant])
         return store
 
     # --- collections ---------------------------------------------------------------------
@@ -181,7 +196,7 @@ class VectorStoreContract:
 
     def test_upsert_then_count(self, loaded: VectorStore) -> None:
         assert loaded.count(COLLECTION, acme()) == len(ACME)
-        assert loaded.count(COLLECTION, StoreFilter(tenant_id="globex")) == 1
+        assert loaded.count(self.home("globex"), StoreFilter(tenant_id="globex")) == 1
 
     def test_reupsert_same_ids_overwrites_without_duplicates(self, loaded: VectorStore) -> None:
         loaded.upsert(COLLECTION, [record(d, revision=2) for d in ACME])
@@ -211,6 +226,11 @@ class VectorStoreContract:
         with pytest.raises(StoreError, match="cannot be updated in place"):
             loaded.update_payload(COLLECTION, ids, {"tenant_id": "globex"})
 
+    def test_update_payload_ignores_absent_ids(self, loaded: VectorStore) -> None:
+        loaded.update_payload(COLLECTION, [str(uuid.uuid4()), ACME[0].point_id], {"revision": 3})
+        (point,) = loaded.retrieve(COLLECTION, [ACME[0].point_id], "acme")
+        assert point.payload["revision"] == 3
+
     def test_delete_points_by_id(self, loaded: VectorStore) -> None:
         gone = [ACME[0].point_id, ACME[1].point_id]
         loaded.delete_points(COLLECTION, gone)
@@ -221,7 +241,10 @@ class VectorStoreContract:
         loaded.delete_by_entity(COLLECTION, "acme", "e3")
         assert loaded.count(COLLECTION, acme(entity_ids=("e3",))) == 0
         assert loaded.count(COLLECTION, acme()) == len(ACME) - 1
-        assert loaded.count(COLLECTION, StoreFilter(tenant_id="globex", entity_ids=("e3",))) == 1
+        assert (
+            loaded.count(self.home("globex"), StoreFilter(tenant_id="globex", entity_ids=("e3",)))
+            == 1
+        )
 
     def test_entity_chunk_manifest(self, loaded: VectorStore) -> None:
         manifest = loaded.entity_chunks(COLLECTION, "acme", "e1")
@@ -234,7 +257,7 @@ class VectorStoreContract:
 
     def test_entity_chunk_manifest_is_per_tenant(self, loaded: VectorStore) -> None:
         acme_e3 = loaded.entity_chunks(COLLECTION, "acme", "e3")
-        globex_e3 = loaded.entity_chunks(COLLECTION, "globex", "e3")
+        globex_e3 = loaded.entity_chunks(self.home("globex"), "globex", "e3")
         assert acme_e3["e3:chunk:0"].point_id != globex_e3["e3:chunk:0"].point_id
         assert acme_e3["e3:chunk:0"].payload["tenant_id"] == "acme"
 
@@ -379,7 +402,7 @@ class VectorStoreContract:
         assert all(h.payload["tenant_id"] == "acme" for h in everything)
         assert globex.point_id not in {h.point_id for h in everything}
         assert loaded.retrieve(COLLECTION, [globex.point_id], "acme") == []
-        assert len(loaded.retrieve(COLLECTION, [globex.point_id], "globex")) == 1
+        assert len(loaded.retrieve(self.home("globex"), [globex.point_id], "globex")) == 1
 
     def test_reads_require_a_valid_tenant(self) -> None:
         with pytest.raises(InvalidTenantError):
@@ -401,7 +424,8 @@ class VectorStoreContract:
         assert points[0].sparse.values == pytest.approx(expected.values, rel=1e-6)
 
     def test_scroll_paginates_completely(self, store: VectorStore) -> None:
-        store.ensure_collection(COLLECTION, DIM)
+        bulk = self.home("bulk")
+        store.ensure_collection(bulk, DIM)
         rng = np.random.default_rng(7)
         points = [
             PointRecord(
@@ -412,8 +436,8 @@ class VectorStoreContract:
             )
             for i in range(53)
         ]
-        store.upsert(COLLECTION, points)
-        seen = [p.point_id for p in store.scroll(COLLECTION, StoreFilter("bulk"), batch=7)]
+        store.upsert(bulk, points)
+        seen = [p.point_id for p in store.scroll(bulk, StoreFilter("bulk"), batch=7)]
         assert len(seen) == 53
         assert set(seen) == {p.point_id for p in points}
         assert seen == sorted(seen, key=uuid.UUID)
@@ -454,11 +478,12 @@ class VectorStoreContract:
         # Simulate a lost tenant condition: the adapter's engine filter now selects globex's
         # points while the request is acme's. The adapter must refuse them even though the
         # caller's selection did not name tenant_id.
-        engine_filter = getattr(loaded, "_filter", None)
+        adapter = getattr(loaded, "engine", loaded)  # a TieredStore's engine adapter
+        engine_filter = getattr(adapter, "_filter", None)
         if engine_filter is None:
             pytest.skip("the adapter builds no engine filter through `_filter`")
         monkeypatch.setattr(
-            loaded, "_filter", lambda _: engine_filter(StoreFilter(tenant_id="globex"))
+            adapter, "_filter", lambda _: engine_filter(StoreFilter(tenant_id="globex"))
         )
         with pytest.raises(StoreError, match="tenant isolation"):
             list(loaded.scroll(COLLECTION, acme(), fields=("chunk_id", "source_hash")))
@@ -472,7 +497,7 @@ class VectorStoreContract:
     def test_persists_across_reopen(self, store_factory: StoreFactory) -> None:
         first = store_factory()
         first.ensure_collection(COLLECTION, DIM)
-        first.upsert(COLLECTION, [record(d) for d in DOCS])
+        first.upsert(COLLECTION, [record(d) for d in ACME])
         first.close()
         second = store_factory()
         try:

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from ragcore.store.base import VectorStore
 from ragcore.store.edge import EdgeStore
 from ragcore.store.registry import FileIndexRegistry, IndexRegistry
+from ragcore.store.tiered import FilePlacementCatalog, TieredStore
 from tests.ragcore.store.contract import (
     COLLECTION,
     DIM,
@@ -150,3 +152,22 @@ class TestFileIndexRegistry(RegistryContract):
             registry.create_version("../escape", SPEC)
         assert not (tmp_path / "escape").exists()
         assert not (tmp_path / "registry").exists()
+
+
+class TestTieredStoreShared(VectorStoreContract):
+    """The same contract with every collection a partition of one shared pool."""
+
+    one_tenant_per_collection = True
+
+    @pytest.fixture
+    def store_factory(self, tmp_path: Path) -> StoreFactory:
+        return lambda: TieredStore(
+            EdgeStore(tmp_path / "data", schema=SCHEMA),
+            FilePlacementCatalog(tmp_path / "data"),
+            default_placement="shared",
+        )
+
+    def test_all_tenants_share_one_engine_collection(self, loaded: VectorStore) -> None:
+        assert isinstance(loaded, TieredStore)
+        assert loaded.engine.list_collections() == ["rag_pool__d8"]
+        assert loaded.list_collections() == [COLLECTION, "rag__globex__v1"]

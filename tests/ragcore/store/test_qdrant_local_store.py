@@ -22,6 +22,7 @@ from ragcore.errors import ManifestMismatchError, StoreError, StoreUnavailableEr
 from ragcore.store.base import StoreFilter, VectorStore
 from ragcore.store.qdrant_remote import QdrantRemoteStore, translate_error
 from ragcore.store.registry import MANIFEST_KEY, IndexRegistry, QdrantIndexRegistry
+from ragcore.store.tiered import FilePlacementCatalog, TieredStore
 from tests.ragcore.store.contract import (
     DIM,
     SCHEMA,
@@ -47,6 +48,32 @@ class TestQdrantLocalStore(VectorStoreContract):
     @pytest.fixture
     def store(self) -> Iterator[VectorStore]:
         store = QdrantRemoteStore.local(schema=SCHEMA)  # in memory: fast
+        yield store
+        store.close()
+
+
+@pytest.mark.integration
+class TestTieredStoreOnQdrantLocal(VectorStoreContract):
+    """The contract with every collection a partition of one shared pool on qdrant-client:
+    the engine-side scoping of the server adapter (filters, ids within a partition)."""
+
+    one_tenant_per_collection = True
+
+    @pytest.fixture
+    def store_factory(self, tmp_path: Path) -> StoreFactory:
+        return lambda: TieredStore(
+            QdrantRemoteStore.local(tmp_path / "qdrant", schema=SCHEMA),
+            FilePlacementCatalog(tmp_path),
+            default_placement="shared",
+        )
+
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Iterator[VectorStore]:
+        store = TieredStore(
+            QdrantRemoteStore.local(schema=SCHEMA),
+            FilePlacementCatalog(tmp_path),
+            default_placement="shared",
+        )
         yield store
         store.close()
 
