@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ragcore.embedders.local_onnx import LocalEmbedderConfig
@@ -20,6 +20,7 @@ from ragcore.embedders.openai_http import OpenAIEmbedderConfig
 from ragcore.kafka_config import MASK, KafkaSettings, is_secret_key
 from ragcore.plan import PlanConfig
 from ragcore.prepare import ChunkingSettings
+from ragcore.store.base import Placement
 
 EmbedderSettings = Annotated[
     LocalEmbedderConfig | OpenAIEmbedderConfig, Field(discriminator="kind")
@@ -51,6 +52,35 @@ class StoreSettings(BaseModel):
         description="edge: search threads per open collection (each starts its own pool; "
         "default: the engine's, 8 here); 1 for many small tenants.",
     )
+    new_tenants: Placement | None = Field(
+        default=None,
+        description="Placement of a tenant's first version: shared (a partition of one "
+        "collection shared by small tenants) or dedicated (its own collection). Default: shared "
+        "on edge, dedicated on qdrant (shared needs the embedded store for now).",
+    )
+    dedicated_above_points: int = Field(
+        default=100_000,
+        ge=1,
+        description="A shared tenant above this many points is due for promotion to its own "
+        "collection (`ragstream index placement`; `ragstream reindex --placement auto` "
+        "promotes it).",
+    )
+
+    @model_validator(mode="after")
+    def _shared_needs_edge(self) -> StoreSettings:
+        if self.backend == "qdrant" and self.new_tenants == "shared":
+            raise ValueError(
+                "store.new_tenants=shared needs store.backend=edge: the Qdrant server backend "
+                "keeps one collection per tenant version for now"
+            )
+        return self
+
+    @property
+    def placement_for_new_tenants(self) -> Placement:
+        """Where a tenant's first version goes (the default depends on the backend)."""
+        if self.new_tenants is not None:
+            return self.new_tenants
+        return "shared" if self.backend == "edge" else "dedicated"
 
 
 class SorSettings(BaseModel):

@@ -16,7 +16,7 @@ from ragcore.settings import ServiceSettings, SorSettings, StoreSettings
 from ragcore.sor.base import SystemOfRecord
 from ragcore.sor.sql import PostgresSor, SqliteSor
 from ragcore.sparse import Bm25Encoder
-from ragcore.store.base import PayloadSchema, VectorStore
+from ragcore.store.base import PayloadSchema, Placement, VectorStore
 from ragcore.store.edge import EdgeStore
 from ragcore.store.qdrant_remote import QdrantRemoteStore
 from ragcore.store.registry import (
@@ -24,6 +24,7 @@ from ragcore.store.registry import (
     IndexRegistry,
     QdrantIndexRegistry,
 )
+from ragcore.store.tiered import FilePlacementCatalog, TieredStore
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -40,13 +41,19 @@ def payload_schema(plan: PlanConfig) -> PayloadSchema:
 
 
 def build_store(settings: StoreSettings, schema: PayloadSchema) -> VectorStore:
-    """qdrant-edge under `data_dir`, or a Qdrant server at `url`."""
+    """qdrant-edge under `data_dir` (tiered: dedicated collections and shared partitions,
+    docs/decisions/tiered-tenancy.md), or a Qdrant server at `url` (dedicated collections)."""
     if settings.backend == "edge":
-        return EdgeStore(
+        engine = EdgeStore(
             settings.data_dir,
             schema=schema,
             payload_in_ram=settings.edge_payload_in_ram,
             max_search_threads=settings.edge_search_threads,
+        )
+        return TieredStore(
+            engine,
+            FilePlacementCatalog(settings.data_dir),
+            default_placement=settings.placement_for_new_tenants,
         )
     if not settings.url:
         raise ConfigError("store.backend=qdrant needs store.url (RAGSTREAM_STORE__URL)")
@@ -58,6 +65,20 @@ def build_store(settings: StoreSettings, schema: PayloadSchema) -> VectorStore:
         timeout=int(settings.timeout_s),
         schema=schema,
     )
+
+
+def new_tenant_placement(settings: StoreSettings, store: VectorStore) -> Placement:
+    """Where a tenant's first version goes: the configured placement, else the store's default;
+    an engine adapter handed in by the caller (not a `TieredStore`) holds dedicated collections
+    only, and asking it for shared ones is a configuration error."""
+    if isinstance(store, TieredStore):
+        return settings.new_tenants or store.default_placement
+    if settings.new_tenants == "shared":
+        raise ConfigError(
+            "store.new_tenants=shared needs the tiered store that build_store makes; the store "
+            f"given ({type(store).__name__}) holds dedicated collections only"
+        )
+    return "dedicated"
 
 
 def build_registry(settings: StoreSettings, store: VectorStore) -> IndexRegistry:

@@ -9,9 +9,13 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ragcore.errors import RagstreamError
+
+if TYPE_CHECKING:
+    from ragcore.store.base import VectorStore
+    from ragcore.store.registry import IndexRegistry
 
 #: Entry-point group through which other distributions add subcommands: each entry is a
 #: callable taking the subparsers action (see devtools/ragdev/cli.py).
@@ -201,6 +205,7 @@ def _cmd_reindex(args: argparse.Namespace) -> int:
     from ragcore.errors import ConfigError
     from ragcore.prepare import Preparer
     from ragcore.sparse import Bm25Encoder
+    from ragcore.wiring import new_tenant_placement
     from ragstream.parity import ParitySettings
     from ragstream.reindex import ReindexOptions, calibrate_with, reindex, retriever_search
     from retrieval_api.metrics import RetrieveMetrics
@@ -246,6 +251,9 @@ def _cmd_reindex(args: argparse.Namespace) -> int:
             retire=not args.no_retire,
             drop_retired=args.drop_retired,
             settle_s=args.settle_s,
+            placement=args.placement,
+            dedicated_above_points=settings.store.dedicated_above_points,
+            new_tenants=new_tenant_placement(settings.store, worker.store),
         )
         report = reindex(
             args.tenant,
@@ -276,6 +284,11 @@ def _cmd_index(args: argparse.Namespace) -> int:
     store = build_store(settings.store, payload_schema(settings.plan))
     try:
         registry = build_registry(settings.store, store)
+        if args.action == "placement":
+            print_json(_placements(registry, store, settings.store.dedicated_above_points))
+            return 0
+        if args.tenant is None:
+            raise RagstreamError(f"`ragstream index {args.action}` needs --tenant")
         if args.action == "activate":
             registry.activate(args.tenant, _version(args))
         elif args.action == "retire":
@@ -302,6 +315,39 @@ def _cmd_index(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _placements(registry: IndexRegistry, store: VectorStore, threshold: int) -> dict[str, Any]:
+    """Every tenant's active placement and size, and which shared ones are due for promotion
+    (`ragstream reindex --tenant T` promotes them; docs/decisions/tiered-tenancy.md)."""
+    from ragcore.store.base import StoreFilter
+
+    tenants: list[dict[str, Any]] = []
+    for tenant in registry.list_tenants():
+        active = registry.active_version(tenant)
+        if active is None:
+            tenants.append({"tenant": tenant, "active": None})
+            continue
+        manifest = registry.manifest(tenant, active)
+        points = store.count(manifest.index_name, StoreFilter(tenant_id=tenant))
+        tenants.append(
+            {
+                "tenant": tenant,
+                "active": active,
+                "placement": manifest.placement,
+                "points": points,
+                "due_for_promotion": manifest.placement == "shared" and points > threshold,
+            }
+        )
+    by_placement = {
+        p: sum(1 for t in tenants if t.get("placement") == p) for p in ("shared", "dedicated")
+    }
+    return {
+        "dedicated_above_points": threshold,
+        "tenants_by_placement": by_placement,
+        "due_for_promotion": [t["tenant"] for t in tenants if t.get("due_for_promotion")],
+        "tenants": tenants,
+    }
 
 
 def _version(args: argparse.Namespace) -> int:
@@ -435,11 +481,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-retire", action="store_true", help="keep the old version readable")
     p.add_argument("--drop-retired", action="store_true", help="delete the retired collection")
     p.add_argument("--settle-s", type=float, default=3.0, help="wait for workers to see it")
+    p.add_argument(
+        "--placement",
+        choices=["auto", "shared", "dedicated"],
+        default="auto",
+        help="where the new version lives: its own collection or a partition of the shared "
+        "one; auto promotes a shared tenant above RAGSTREAM_STORE__DEDICATED_ABOVE_POINTS to "
+        "its own and otherwise keeps the active version's placement",
+    )
     p.set_defaults(func=_cmd_reindex)
 
-    p = sub.add_parser("index", help="list, activate (roll back) or retire index versions")
-    p.add_argument("action", choices=["list", "activate", "retire"])
-    p.add_argument("--tenant", required=True)
+    p = sub.add_parser(
+        "index",
+        help="list, activate (roll back) or retire a tenant's index versions; placement: every "
+        "tenant's placement, size and whether it is due for promotion to its own collection",
+    )
+    p.add_argument("action", choices=["list", "activate", "retire", "placement"])
+    p.add_argument("--tenant", default=None, help="list/activate/retire: the tenant")
     p.add_argument("--version", type=int, default=None, help="activate/retire: version number")
     p.add_argument("--drop", action="store_true", help="retire: also delete its collection")
     p.set_defaults(func=_cmd_index)

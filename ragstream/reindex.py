@@ -3,8 +3,11 @@ it on retrieval parity, switch to it atomically and retire the old one after a g
 
 The steps, and why they are safe while the active version keeps serving and changes stream in:
 
-1. *Create* version N+1 (`building`) with the chosen model, or resume the newest building
-   version of that model left by an interrupted run (every write is idempotent).
+1. *Create* version N+1 (`building`) with the chosen model and placement, or resume the newest
+   building version of that model and placement left by an interrupted run (every write is
+   idempotent). The placement (docs/decisions/tiered-tenancy.md) is asked for, or with `auto`:
+   its own collection once the active version holds more than `dedicated_above_points`
+   points (a promotion), else the active version's (never a silent demotion).
 2. *Settle*: wait for the ingest workers' target cache (2 s) to see the new version. From then
    on every change a worker applies goes to the active version and to N+1 (workers must hold
    the new model: `RAGSTREAM_NEXT_EMBEDDER` during a model change).
@@ -25,7 +28,8 @@ The steps, and why they are safe while the active version keeps serving and chan
    each request sees one version, never a mix; requests pinned to N keep working.
 7. *Grace and retire*: the workers keep writing N (not retired) so pinned readers and a
    rollback (`ragstream index activate`) see current data; after the grace period N is
-   retired (and with `drop` its collection deleted).
+   retired (and with `drop`, once the workers had `settle_s` to stop writing it, its
+   collection or partition deleted).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from ragcore.prepare import Preparer
 from ragcore.quality.dataset import EvalQuery
 from ragcore.quality.metrics import QueryRun, Status
 from ragcore.sor.base import SystemOfRecord
-from ragcore.store.base import StoreFilter, VectorStore
+from ragcore.store.base import Placement, StoreFilter, VectorStore
 from ragcore.store.registry import IndexManifest, IndexRegistry, manifest_matches
 from ragstream.parity import (
     ParityReport,
@@ -60,6 +64,7 @@ from streams.ingest import IngestHandler, Rejection, TargetIndex
 from streams.reconcile import entity_states
 
 Outcome = Literal["switched", "built", "parity_failed", "drift"]
+PlacementChoice = Literal["auto", "shared", "dedicated"]
 Progress = Callable[[str], None]
 #: Fits and stores the evidence calibration of one version of the tenant; returns a summary.
 CalibrateFn = Callable[[str, int, Progress], dict[str, Any]]
@@ -79,6 +84,9 @@ class ReindexOptions:
     settle_s: float = 3.0
     batch: int = 64
     max_catchup_rounds: int = 5
+    placement: PlacementChoice = "auto"
+    dedicated_above_points: int = 100_000
+    new_tenants: Placement = "dedicated"  # auto, for a tenant without an active version
 
 
 @dataclass
@@ -90,6 +98,8 @@ class ReindexReport:
     old_version: int | None
     new_version: int
     resumed: bool
+    placement: Placement = "dedicated"
+    placement_reason: str = ""
     sor_entities: int = 0
     written: int = 0
     rejected: list[Rejection] = field(default_factory=list)
@@ -112,6 +122,8 @@ class ReindexReport:
             "old_version": self.old_version,
             "new_version": self.new_version,
             "resumed": self.resumed,
+            "placement": self.placement,
+            "placement_reason": self.placement_reason,
             "outcome": self.outcome,
             "sor_entities": self.sor_entities,
             "written": self.written,
@@ -148,15 +160,40 @@ class _OneVersion:
 
 
 def _building_version(
-    registry: IndexRegistry, tenant: str, embedder: Embedder, sparse_encoder: str
+    registry: IndexRegistry,
+    tenant: str,
+    embedder: Embedder,
+    sparse_encoder: str,
+    placement: Placement,
 ) -> IndexManifest | None:
-    """The newest building version made with this model (an interrupted run), if any."""
+    """The newest building version made with this model and placement (an interrupted run)."""
     for manifest in reversed(registry.list_versions(tenant)):
-        if manifest.status == "building" and manifest_matches(
-            manifest, embedder.spec, sparse_encoder
+        if (
+            manifest.status == "building"
+            and manifest.placement == placement
+            and manifest_matches(manifest, embedder.spec, sparse_encoder)
         ):
             return manifest
     return None
+
+
+def choose_placement(
+    registry: IndexRegistry, store: VectorStore, tenant: str, options: ReindexOptions
+) -> tuple[Placement, str]:
+    """The new version's placement and why (see the module docstring, step 1)."""
+    if options.placement != "auto":
+        return options.placement, "asked for"
+    active = registry.active_version(tenant)
+    if active is None:
+        return options.new_tenants, "the placement of new tenants (no active version)"
+    current = registry.manifest(tenant, active)
+    points = store.count(current.index_name, StoreFilter(tenant_id=tenant))
+    if current.placement == "shared" and points > options.dedicated_above_points:
+        return "dedicated", (
+            f"promotion: v{active} holds {points} points, more than "
+            f"{options.dedicated_above_points}"
+        )
+    return current.placement, f"as v{active} ({points} points)"
 
 
 def _batches(entities: Iterator[Entity], size: int) -> Iterator[list[Entity]]:
@@ -195,9 +232,10 @@ def reindex(
     options = options or ReindexOptions()
     started = time.perf_counter()
     old = registry.active_version(tenant)
-    existing = _building_version(registry, tenant, embedder, sparse_encoder)
+    placement, reason = choose_placement(registry, store, tenant, options)
+    existing = _building_version(registry, tenant, embedder, sparse_encoder, placement)
     manifest = existing or registry.create_version(
-        tenant, embedder.spec, sparse_encoder=sparse_encoder
+        tenant, embedder.spec, sparse_encoder=sparse_encoder, placement=placement
     )
     report = ReindexReport(
         tenant=tenant,
@@ -205,8 +243,12 @@ def reindex(
         old_version=old,
         new_version=manifest.version,
         resumed=existing is not None,
+        placement=placement,
+        placement_reason=reason,
     )
-    store.ensure_collection(manifest.index_name, manifest.dimension, sparse=True)
+    store.ensure_collection(
+        manifest.index_name, manifest.dimension, sparse=True, placement=manifest.placement
+    )
     target = TargetIndex(manifest.index_name, manifest.version, embedder.spec.model_version)
     job = _Job(
         report=report,
@@ -241,7 +283,10 @@ class _Job:
         tenant, old, new = report.tenant, report.old_version, report.new_version
         verb = "resuming" if report.resumed else "building"
         active = f"v{old}" if old is not None else "none"
-        self.progress(f"{verb} {collection} with {report.model} (active: {active})")
+        self.progress(
+            f"{verb} {collection} with {report.model}, {report.placement} "
+            f"({report.placement_reason}; active: {active})"
+        )
         if options.settle_s > 0:
             self.progress(f"waiting {options.settle_s:g} s for the ingest workers to see v{new}")
             sleep(options.settle_s)
@@ -289,6 +334,14 @@ class _Job:
             report.retired.append(old)
             self.progress(f"retired v{old}")
             if options.drop_retired:
+                if options.settle_s > 0:
+                    # the workers' target cache still names v{old} for a moment: a write to a
+                    # dropped collection fails (and, for a partition, would recreate nothing)
+                    self.progress(
+                        f"waiting {options.settle_s:g} s for the ingest workers to stop "
+                        f"writing v{old}"
+                    )
+                    sleep(options.settle_s)
                 self.store.drop_collection(retired.index_name)
                 report.dropped.append(retired.index_name)
                 self.progress(f"dropped {retired.index_name}")

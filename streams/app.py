@@ -21,7 +21,7 @@ from ragcore.prepare import Preparer
 from ragcore.sor.base import SystemOfRecord
 from ragcore.store.base import VectorStore
 from ragcore.store.registry import IndexRegistry
-from ragcore.wiring import Closable, build_core, payload_schema
+from ragcore.wiring import Closable, build_core, new_tenant_placement, payload_schema
 from schemas.events import ChangeEvent, RawRecord
 from streams.consumer import ConsumerLoop, install_signal_handlers
 from streams.decode import DecodeOptions, decode_record
@@ -211,7 +211,13 @@ def build_worker(
     others = [core.next_embedder] if core.next_embedder is not None else []
     models = EmbeddingModels(own_embedder, others)
     index_registry = core.registry
-    targets = RegistryTargets(index_registry, [e.spec for e in models], sparse, store)
+    targets = RegistryTargets(
+        index_registry,
+        [e.spec for e in models],
+        sparse,
+        store,
+        new_tenants=new_tenant_placement(settings.store, store),
+    )
     catalog = settings.plan.catalog
     options = DecodeOptions(
         envelope=settings.decode.envelope,

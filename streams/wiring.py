@@ -13,7 +13,7 @@ from ragcore.errors import ManifestMismatchError, MappingError
 from ragcore.plan import Plan
 from ragcore.sor.base import SystemOfRecord
 from ragcore.sparse import Bm25Encoder
-from ragcore.store.base import VectorStore
+from ragcore.store.base import Placement, VectorStore
 from ragcore.store.registry import IndexManifest, IndexRegistry, manifest_matches
 from schemas.entities import Entity
 from streams.ingest import TargetIndex
@@ -42,6 +42,7 @@ class RegistryTargets:
         store: VectorStore,
         *,
         ttl_s: float = 2.0,
+        new_tenants: Placement = "dedicated",
     ) -> None:
         if not specs:
             raise ValueError("RegistryTargets needs at least one embedding spec")
@@ -51,6 +52,7 @@ class RegistryTargets:
         self._spec = specs[0]
         self._sparse_version = sparse.model_version
         self._ttl = ttl_s
+        self._new_tenants: Placement = new_tenants
         self._cache: dict[str, tuple[float, list[TargetIndex]]] = {}
         self._warned: set[str] = set()
         self._lock = threading.Lock()
@@ -101,7 +103,9 @@ class RegistryTargets:
                 continue
             # A crash between writing a manifest and creating its collection leaves the
             # manifest alone; creating the collection here (idempotent) heals that.
-            self._store.ensure_collection(manifest.index_name, manifest.dimension, sparse=True)
+            self._store.ensure_collection(
+                manifest.index_name, manifest.dimension, sparse=True, placement=manifest.placement
+            )
             targets.append(TargetIndex(manifest.index_name, manifest.version, spec.model_version))
         return targets
 
@@ -126,7 +130,10 @@ class RegistryTargets:
             self._registry.activate(tenant_id, manifest.version)
             return manifest.version
         created = self._registry.create_version(
-            tenant_id, self._spec, sparse_encoder=self._sparse_version
+            tenant_id,
+            self._spec,
+            sparse_encoder=self._sparse_version,
+            placement=self._new_tenants,
         )
         self._registry.mark_ready(tenant_id, created.version, total_vectors=0)
         self._registry.activate(tenant_id, created.version)

@@ -38,7 +38,7 @@ from ragcore.kafka_config import KafkaSettings
 from ragcore.plan import PlanConfig
 from ragcore.resources import package_dir
 from ragcore.settings import SorSettings, StoreSettings
-from ragcore.store.edge import EdgeStore
+from ragcore.wiring import build_store, payload_schema
 from ragdev.sample import SAMPLE_DDL, SAMPLE_TABLES, sample_rows
 from ragdev.services.debezium import DebeziumConnect, PostgresSource
 from ragdev.services.postgres import PostgresCluster
@@ -303,7 +303,8 @@ def _serve_stack(
     samples: dict[str, list[Any]],
     started: float,
 ) -> int:
-    store = EdgeStore(data_dir / "store")
+    store_settings = StoreSettings(data_dir=data_dir / "store")
+    store = build_store(store_settings, payload_schema(DEV_PLAN))
     embedder = build_embedder(
         LocalEmbedderConfig(),
         cache=EmbeddingCacheConfig(path=data_dir / "embedding-cache.sqlite"),
@@ -311,7 +312,6 @@ def _serve_stack(
     )
     kafka = KafkaSettings(bootstrap_servers=bootstrap)
     sor_settings = source.settings
-    store_settings = StoreSettings(data_dir=data_dir / "store")
     worker = build_worker(
         IngestSettings(
             kafka=kafka,

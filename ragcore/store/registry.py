@@ -81,6 +81,11 @@ class IndexManifest(BaseModel):
     sparse_encoder: str | None = Field(
         default=None, description="Sparse encoder identity, e.g. Bm25Encoder.model_version."
     )
+    placement: Placement = Field(
+        default="dedicated",
+        description="dedicated: its own collection; shared: a partition of a shared pool "
+        "(docs/decisions/tiered-tenancy.md). Manifests written before tiering are dedicated.",
+    )
     total_vectors: int = Field(default=0, ge=0, description="Points when the build completed.")
     created_at: datetime
     built_at: datetime | None = Field(default=None, description="Set when marked ready.")
@@ -206,9 +211,15 @@ class IndexRegistry(ABC):
         return found
 
     def create_version(
-        self, tenant: str, spec: EmbeddingSpec, *, sparse_encoder: str | None = None
+        self,
+        tenant: str,
+        spec: EmbeddingSpec,
+        *,
+        sparse_encoder: str | None = None,
+        placement: Placement = "dedicated",
     ) -> IndexManifest:
-        """Create the next version (collection + `building` manifest) and return its manifest."""
+        """Create the next version (collection or shared partition + `building` manifest) and
+        return its manifest."""
         validate_tenant(tenant)
         with self._lock:
             existing = self._versions(tenant)
@@ -223,6 +234,7 @@ class IndexRegistry(ABC):
                 metric=spec.metric,
                 normalization=spec.normalization,
                 sparse_encoder=sparse_encoder,
+                placement=placement,
                 created_at=datetime.now(UTC),
             )
             self._create(manifest)
@@ -408,7 +420,9 @@ class FileIndexRegistry(IndexRegistry):
                 fh.flush()
                 os.fsync(fh.fileno())
             _fsync_dir(directory)
-            self._store.ensure_collection(manifest.index_name, manifest.dimension, sparse=True)
+            self._store.ensure_collection(
+                manifest.index_name, manifest.dimension, sparse=True, placement=manifest.placement
+            )
         except BaseException:
             # Neither a manifest without its collection nor a half-made collection (which the
             # next attempt would refuse as data without a manifest): both were absent before.
@@ -544,6 +558,7 @@ class QdrantIndexRegistry(IndexRegistry):
             manifest.index_name,
             manifest.dimension,
             sparse=True,
+            placement=manifest.placement,
             metadata={MANIFEST_KEY: manifest.model_dump(mode="json")},
         )
 

@@ -309,6 +309,11 @@ class TieredStore:
         """Which payload fields are indexed."""
         return self._engine.schema
 
+    @property
+    def default_placement(self) -> Placement:
+        """The placement of a collection created without one."""
+        return self._default
+
     # --- placement -----------------------------------------------------------------------
 
     def _where(self, name: str) -> tuple[str, str | None]:
@@ -346,16 +351,16 @@ class TieredStore:
         *,
         placement: Placement | None = None,
     ) -> None:
-        """Create the logical collection with `placement` (None: the store's default) if
-        absent, else verify it (its vectors, and that it is placed as asked: a placement
-        changes only by reindexing into a new version)."""
-        if placement is None:
-            placement = self._default
-        if placement not in PLACEMENTS:
+        """Create the logical collection with `placement` if absent, else verify it (its
+        vectors, and that it is placed as asked: a placement changes only by reindexing into a
+        new version). None: as it is, or the store's default for a new one."""
+        if placement is not None and placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         with self._lock:
             collection, partition = self._where(name)
             current = self.placement_of(name)
+            if placement is None:
+                placement = current or self._default
             if current is not None and current != placement:
                 raise StoreError(
                     f"collection {name!r} is {current}, not {placement}: a placement changes "

@@ -52,9 +52,9 @@ from ragcore.settings import SorSettings, StoreSettings
 from ragcore.sor.base import SystemOfRecord
 from ragcore.sor.sql import PostgresSor
 from ragcore.sparse import Bm25Encoder
-from ragcore.store.base import StoreFilter
-from ragcore.store.edge import EdgeStore
+from ragcore.store.base import StoreFilter, VectorStore
 from ragcore.store.registry import FileIndexRegistry
+from ragcore.wiring import build_store, payload_schema
 from ragdev.services.debezium import DebeziumConnect, PostgresSource
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
@@ -118,7 +118,7 @@ class Cdc:
     data_dir: Path
     dbz: DebeziumConnect
     plan: PlanConfig
-    store: EdgeStore
+    store: VectorStore
     embedder: HashEmbedder
     next_embedder: HashEmbedder
     worker: IngestWorker
@@ -285,7 +285,7 @@ def cdc(
             plan=plan,
             embedding_cache=None,
         )
-        store = EdgeStore(data_dir)
+        store = build_store(settings.store, payload_schema(plan))
         embedder, next_embedder = HashEmbedder(), HashEmbedder(V2)
         worker = build_worker(
             settings,
@@ -611,7 +611,7 @@ def test_worker_killed_and_restarted_mid_stream_converges(cdc: Cdc, tmp_path: Pa
             assert proc.wait(30) == 0
         log.close()
     assert kills >= 1
-    store = EdgeStore(tmp_path / "store")
+    store = build_store(StoreSettings(data_dir=tmp_path / "store"), payload_schema(cdc.plan))
     sor = PostgresSor(cdc.pg.dsn, catalog=cdc.plan.catalog, hasher=Preparer(HASH_SPEC).content_hash)
     try:
         registry = FileIndexRegistry(tmp_path / "store", store)

@@ -39,14 +39,16 @@ from ragcore.prepare import Preparer
 from ragcore.settings import SorSettings, StoreSettings
 from ragcore.sor.base import SystemOfRecord
 from ragcore.sparse import Bm25Encoder
-from ragcore.store.base import StoreFilter
+from ragcore.store.base import StoreFilter, VectorStore
 from ragcore.store.edge import EdgeStore
 from ragcore.store.qdrant_remote import QdrantRemoteStore
 from ragcore.store.registry import QdrantIndexRegistry
-from ragcore.wiring import payload_schema
+from ragcore.store.tiered import TieredStore, pool_name
+from ragcore.wiring import build_store, payload_schema
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
+from ragstream.cli import _placements
 from ragstream.parity import ParitySettings
 from ragstream.reindex import (
     CalibrateFn,
@@ -192,7 +194,7 @@ class Stack:
     source: Source
     group: str
     worker: IngestWorker
-    store: EdgeStore
+    store: VectorStore
     retriever: Retriever
     next_embedder: HashEmbedder
 
@@ -239,7 +241,9 @@ def stack_factory(
     made: list[tuple[Stack, threading.Thread]] = []
     schemas: list[str] = []
 
-    def make(next_embedder: HashEmbedder) -> Stack:
+    def make(next_embedder: HashEmbedder, *, tiered: bool = False) -> Stack:
+        """A stack on an engine store (dedicated collections), or with `tiered` on the store
+        `ragstream` builds (new tenants shared)."""
         suffix = uuid.uuid4().hex[:8]
         schema, topic = f"rx_{suffix}", f"sor.public.entities.{suffix}"
         schemas.append(schema)
@@ -257,7 +261,11 @@ def stack_factory(
             embedding_cache=None,
             sor=sor,
         )
-        store = EdgeStore(settings.store.data_dir)
+        store = (
+            build_store(settings.store, payload_schema(settings.plan))
+            if tiered
+            else EdgeStore(settings.store.data_dir)
+        )
         worker = build_worker(
             settings,
             CollectorRegistry(),
@@ -451,6 +459,63 @@ def test_a_failing_parity_gate_leaves_the_old_version_active(stack_factory: Any)
     forced = stack.run_reindex(settle_s=0, grace_s=0, force=True)
     assert forced.outcome == "switched" and forced.parity_overridden
     assert forced.new_version == 3 and registry.active_version(TENANT) == 3
+
+
+def test_a_shared_tenant_outgrowing_the_threshold_is_promoted_by_reindex(
+    stack_factory: Any,
+) -> None:
+    """Issue 16: a tenant starts as a partition of the shared pool; once it holds more points
+    than the threshold, `ragstream index placement` says so and `ragstream reindex` (auto)
+    builds its next version in its own collection, through the parity gate and the atomic
+    switch; a demotion is asked for explicitly."""
+    stack: Stack = stack_factory(HashEmbedder(V2), tiered=True)
+    store = stack.store
+    assert isinstance(store, TieredStore)
+    load(stack, random.Random(21), 60)
+    registry = stack.worker.registry
+    assert registry.manifest(TENANT, 1).placement == "shared"
+    assert store.placement_of("rag__acme__v1") == "shared"
+    assert store.engine.list_collections() == [pool_name(V1.dimension)]
+    points = store.count("rag__acme__v1", StoreFilter(tenant_id=TENANT))
+    assert points > 10
+
+    below = _placements(registry, store, threshold=points)
+    assert below["due_for_promotion"] == [] and below["tenants_by_placement"]["shared"] == 1
+    due = _placements(registry, store, threshold=10)
+    assert due["due_for_promotion"] == [TENANT]
+
+    gate = ParitySettings(sample=60, tolerance=0.15)  # two hash "models": run it, loosely
+    report = stack.run_reindex(
+        settle_s=2.5, grace_s=0, dedicated_above_points=10, drop_retired=True, parity=gate
+    )
+    assert report.outcome == "switched", report.to_dict()
+    assert report.placement == "dedicated"
+    assert report.placement_reason.startswith(f"promotion: v1 holds {points} points")
+    assert report.parity is not None and report.parity["queries"] > 20
+    assert registry.active_version(TENANT) == 2
+    assert registry.manifest(TENANT, 2).placement == "dedicated"
+    assert store.placement_of("rag__acme__v2") == "dedicated"
+    assert not store.collection_exists("rag__acme__v1")  # retired and dropped: partition gone
+    assert "rag__acme__v2" in store.engine.list_collections()
+    assert index_snapshot(store, registry, [TENANT])[TENANT] == expected_index(stack.sor, V2)
+    assert _placements(registry, store, threshold=10)["due_for_promotion"] == []
+    # live changes now land in the dedicated collection
+    stack.source.put("ent-9999", "Pump valve calibration report for the new sensor.")
+    stack.settle()
+    only = StoreFilter(tenant_id=TENANT, entity_ids=(eid("ent-9999"),))
+    assert store.count("rag__acme__v2", only) >= 1
+    assert stack.ask("pump valve calibration").index_version == 2
+
+    # auto keeps a dedicated tenant dedicated; going back to the pool is asked for
+    kept = stack.run_reindex(settle_s=0, grace_s=0, parity=gate, switch=False)
+    assert (kept.placement, kept.outcome) == ("dedicated", "built"), kept.to_dict()
+    registry.retire(TENANT, kept.new_version)
+    demoted = stack.run_reindex(
+        settle_s=2.5, grace_s=0, parity=gate, placement="shared", drop_retired=True
+    )
+    assert (demoted.placement, demoted.outcome) == ("shared", "switched"), demoted.to_dict()
+    assert store.placement_of(f"rag__acme__v{demoted.new_version}") == "shared"
+    assert index_snapshot(store, registry, [TENANT])[TENANT] == expected_index(stack.sor, V2)
 
 
 def test_reindex_fits_the_new_version_calibration_before_the_parity_gate(

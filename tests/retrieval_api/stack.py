@@ -29,7 +29,9 @@ from ragcore.embedders.base import Embedder
 from ragcore.kafka_config import KafkaSettings
 from ragcore.prepare import Preparer
 from ragcore.settings import SorSettings, StoreSettings
+from ragcore.store.base import Placement, VectorStore
 from ragcore.store.edge import EdgeStore
+from ragcore.wiring import build_store, payload_schema
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value, topic_for
 from retrieval_api.app import RetrieveApp, build_app
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
@@ -68,7 +70,17 @@ class RecordingPublisher:
 class Stack:
     """SoR writes (PostgreSQL + the change records they produce), ingest, and a gRPC client."""
 
-    def __init__(self, dsn: str, data_dir: Path, embedder: Embedder, **retrieval: Any) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        data_dir: Path,
+        embedder: Embedder,
+        *,
+        placement: Placement | None = None,
+        **retrieval: Any,
+    ) -> None:
+        """`placement`: None for an engine store (dedicated collections), else the tiered
+        store `ragstream` builds with every new tenant placed so."""
         self.dsn = dsn
         self.table = f"entities_{uuid.uuid4().hex[:8]}"
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -79,12 +91,17 @@ class Stack:
         self.publisher = RecordingPublisher()
         self.preparer = Preparer(embedder.spec)
         self.registry = CollectorRegistry()
-        self.store = EdgeStore(data_dir)
         sor = SorSettings(kind="postgres", dsn=SecretStr(dsn))
         plan = entities_plan(f"public.{self.table}")
+        store_settings = StoreSettings(data_dir=data_dir, new_tenants=placement)
+        self.store: VectorStore = (
+            EdgeStore(data_dir)
+            if placement is None
+            else build_store(store_settings, payload_schema(plan))
+        )
         ingest = IngestSettings(
             kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),  # never contacted
-            store=StoreSettings(data_dir=data_dir),
+            store=store_settings,
             sor=sor,
             plan=plan,
             embedding_cache=None,
@@ -97,7 +114,7 @@ class Stack:
             auth=AuthSettings(
                 tokens={t: hashlib.sha256(v.encode()).hexdigest() for t, v in TOKENS.items()}
             ),
-            store=StoreSettings(data_dir=data_dir),
+            store=store_settings,
             sor=sor,
             plan=plan,
             publish_enabled=False,

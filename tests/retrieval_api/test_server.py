@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import time
+from pathlib import Path
 
 import grpc
 import pytest
 
+from ragcore.embedders.local_onnx import LocalOnnxEmbedder
+from ragcore.store.base import Placement
+from ragcore.store.tiered import TieredStore
+from ragdev.services.postgres import PostgresCluster
 from schemas.entities import ContentFormat
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from tests.retrieval_api.stack import Stack, bearer
@@ -115,6 +120,38 @@ def test_other_tenant_gets_nothing_even_with_a_matching_query_or_a_forged_tenant
         stack.retrieve("initech", "VPN error E-1042")  # a tenant with no index at all
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     assert ("ragstream-error-code", "INDEX_NOT_FOUND") in err.value.trailing_metadata()
+
+
+@pytest.mark.parametrize("placement", ["shared", "dedicated"])
+def test_tenants_stay_apart_over_grpc_in_either_placement(
+    placement: Placement, postgres: PostgresCluster, tmp_path: Path, embedder: LocalOnnxEmbedder
+) -> None:
+    """Issue 16: the same isolation through gRPC whether both tenants are partitions of one
+    shared collection or each has its own; the other tenant's exact text and identifier,
+    pinned versions and a forged tenant all find nothing of it."""
+    stack = Stack(postgres.dsn, tmp_path / "store", embedder, placement=placement)
+    try:
+        stack.write("ent-c", "acme", VPN)
+        stack.write("ent-r", "acme", REFUND)
+        stack.write("ent-g", "globex", PUMP)
+        store = stack.store
+        assert isinstance(store, TieredStore)
+        assert {store.placement_of(f"rag__{t}__v1") for t in ("acme", "globex")} == {placement}
+        engine_collections = store.engine.list_collections()
+        assert len(engine_collections) == (1 if placement == "shared" else 2)
+        for query in (VPN, "E-1042", REFUND):
+            for pinned in ({}, {"index_version": "1"}):
+                pack = stack.retrieve("globex", query, **pinned)
+                seen = {r.entity_id for r in pack.results} | {e.entity_id for e in pack.excluded}
+                assert seen <= {eid("ent-g")}, (query, pinned, seen)
+                assert pack.index_name == "rag__globex__v1"
+        mine = stack.retrieve("acme", "E-1042")
+        assert mine.results and mine.results[0].entity_id == eid("ent-c")
+        with pytest.raises(grpc.RpcError) as err:
+            stack.retrieve("globex", "E-1042", tenant="acme")
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        stack.close()
 
 
 def test_same_request_twice_returns_identical_results_in_identical_order(stack: Stack) -> None:

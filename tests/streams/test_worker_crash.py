@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from ragcore.prepare import Preparer
-from ragcore.store.edge import EdgeStore
+from ragcore.settings import StoreSettings
+from ragcore.store.base import PayloadSchema
 from ragcore.store.registry import FileIndexRegistry
+from ragcore.wiring import build_store
 from ragdev.services.tansu import TansuBroker
 from tests.conftest import REPO_ROOT
 from tests.streams.support import (
@@ -118,7 +120,8 @@ def test_worker_killed_at_random_points_converges_to_the_exact_expected_index(
     mid_stream = [p for p in progress if p < total]
     assert len(mid_stream) >= 5, f"too few kills landed mid-stream: {progress} of {total}"
 
-    store = EdgeStore(tmp_path / "store")
+    # the worker ran on the store `ragstream` builds: every tenant a partition of the pool
+    store = build_store(StoreSettings(data_dir=tmp_path / "store"), PayloadSchema())
     try:
         registry = FileIndexRegistry(tmp_path / "store", store)
         actual = index_snapshot(store, registry, TENANTS)

@@ -1,9 +1,11 @@
-"""Tenancy benchmark: what N small tenants cost when every tenant has its own collection.
+"""Tenancy benchmark: what N small tenants cost, shared (partitions of one collection, the
+default) or dedicated (a collection each): docs/decisions/tiered-tenancy.md.
 
 For each N: N tenants with `docs` short documents each are written to an SQLite SoR
 (`schemas/sql/entities.sqlite.sql`) and ingested through the worker's write path
 (`streams.app.build_worker` -> `IngestHandler.upsert_entities`: chunk, BM25, per-tenant
-bootstrap of a qdrant-edge collection and its manifest, upsert). The broker is left out: its
+bootstrap of its first index version (a partition of the shared pool, or a qdrant-edge
+collection) and its manifest, upsert). The broker is left out: its
 cost per record does not depend on tenants. The embedder costs nothing (`PrecomputedEmbedder`,
 the real model's spec and tokenizer), so what is measured is the cost of tenancy, not of the
 model. Then, in the same process:
@@ -12,13 +14,14 @@ model. Then, in the same process:
 - Retrieve start-up: `retrieval_api.app.build_app` plus its first health check (which lists
   every tenant and reads every active manifest);
 - Retrieve latency for `queries` requests to random tenants (in process, `Retriever.retrieve`,
-  validation and SoR verification included): first touch (opens the tenant's shard), then the
-  same requests again (shards open);
+  validation and SoR verification included): first touch (a dedicated tenant's shard opens),
+  then the same requests again;
 - reconcile of every tenant against the SoR (`IngestWorker.reconcile_once`);
 - open files and resident memory at the end.
 
-Run: `ragstream bench tenants --tenants 100,1000,10000` (prints one JSON document). What it
-measured: docs/decisions/tenant-collections-limits.md.
+Run: `ragstream bench tenants --tenants 100,1000,10000 [--placement dedicated]` (prints one
+JSON document). What it measured: docs/decisions/tenant-collections-limits.md and
+docs/decisions/tiered-tenancy.md.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from ragcore.kafka_config import KafkaSettings
 from ragcore.prepare import Preparer
 from ragcore.resources import package_dir
 from ragcore.settings import SorSettings, StoreSettings
+from ragcore.store.base import Placement, StoreFilter
 from ragdev.bench.ingest import PrecomputedEmbedder, prose_paragraphs, short_texts
 from ragdev.bench.machine import (
     emit,
@@ -179,6 +183,10 @@ def _one(
             }
     ingest_s = time.perf_counter() - began
     files_ingest, rss_ingest = _open_files(), _rss_mib()
+    points = sum(
+        worker.store.count(worker.registry.lookup(t, None).collection, StoreFilter(tenant_id=t))
+        for t in {e.tenant_id for e in entities}
+    )
 
     began = time.perf_counter()
     reports = worker.reconcile_once()
@@ -233,7 +241,9 @@ def _one(
             "after_retrieve": files_end,
         },
         "rss_mib": {"before": rss_before, "after_ingest": rss_ingest, "after_retrieve": rss_end},
-        "rss_mib_per_tenant_after_ingest": round((rss_ingest - rss_before) / n, 1),
+        "rss_mib_per_tenant_after_ingest": round((rss_ingest - rss_before) / n, 3),
+        "rss_kib_per_point_after_ingest": round((rss_ingest - rss_before) * 1024 / points, 1),
+        "points": points,
         "collections_on_disk": sum(1 for _ in (store.data_dir / "collections").iterdir()),
     }
 
@@ -247,6 +257,7 @@ def run(
     max_rss_gib: float | None = None,
     payload_in_ram: bool = True,
     search_threads: int | None = None,
+    placement: Placement = "shared",
 ) -> dict[str, Any]:
     """Each N in turn in its own directory; a JSON-able report (see the module docstring)."""
     if not tenants or min(tenants) < 1 or docs < 1 or queries < 1:
@@ -255,6 +266,7 @@ def run(
     # stop a run before the machine runs out of memory (default: 60% of it)
     limit_mib = (max_rss_gib * 1024) if max_rss_gib else 0.6 * _mem_total_mib()
     options: dict[str, Any] = {
+        "new_tenants": placement,
         "edge_payload_in_ram": payload_in_ram,
         "edge_search_threads": search_threads,
     }
@@ -281,12 +293,18 @@ def run(
             if "broke" in results[-1]:
                 break  # a larger N breaks the same way, sooner
     return {
-        "benchmark": "ragstream bench tenants: the cost of N small tenants, one collection each",
+        "benchmark": f"ragstream bench tenants: the cost of N small tenants, {placement}",
         "what": (__doc__ or "").split("\n\n")[1].replace("\n", " "),
         "machine": machine_info(load_before, os.getloadavg(), ("qdrant-edge-py",)),
         "config": {
-            "store": "EdgeStore (qdrant-edge, embedded): one collection (shard) per tenant, "
-            "opened on first use and kept open",
+            "store": (
+                "TieredStore over EdgeStore (qdrant-edge, embedded): "
+                + (
+                    "every tenant a partition of one shared collection (rag_pool__d384)"
+                    if placement == "shared"
+                    else "one collection (shard) per tenant, opened on first use and kept open"
+                )
+            ),
             "store_settings": options,
             "documents_per_tenant": docs,
             "texts": "single sentences of 8-40 words of the machine's prose (one chunk each)",
@@ -332,6 +350,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--search-threads", type=int, default=None, help="RAGSTREAM_STORE__EDGE_SEARCH_THREADS"
     )
+    parser.add_argument(
+        "--placement",
+        choices=["shared", "dedicated"],
+        default="shared",
+        help="RAGSTREAM_STORE__NEW_TENANTS: where each tenant's index goes",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -344,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_rss_gib=args.max_rss_gib,
         payload_in_ram=not args.payload_on_disk,
         search_threads=args.search_threads,
+        placement=args.placement,
     )
     return emit(report)
 

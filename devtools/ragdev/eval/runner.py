@@ -39,7 +39,8 @@ from ragcore.quality.significance import compare
 from ragcore.resources import package_dir
 from ragcore.settings import SorSettings, StoreSettings
 from ragcore.sparse import Bm25Encoder
-from ragcore.store.edge import EdgeStore
+from ragcore.store.base import PayloadSchema, VectorStore
+from ragcore.wiring import build_store
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from retrieval_api.app import build_app
 from retrieval_api.calibration import CalibrationSettings, calibrate_version
@@ -185,7 +186,7 @@ def _records(evalset: EvalSet) -> list[RawRecord]:
 
 
 @contextmanager
-def _server(settings: RetrieveSettings, store: EdgeStore, embedder: Embedder) -> Iterator[str]:
+def _server(settings: RetrieveSettings, store: VectorStore, embedder: Embedder) -> Iterator[str]:
     app = build_app(settings, CollectorRegistry(), store=store, embedder=embedder)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -225,7 +226,8 @@ def run_eval(
         sor_path = root / "sor.sqlite"
         sor_path.unlink(missing_ok=True)
         _sqlite_sor(sor_path, evalset)
-        store = EdgeStore(root / "store")
+        store_settings = StoreSettings(data_dir=root / "store")
+        store = build_store(store_settings, PayloadSchema())
         own = embedder is None
         model = embedder or build_embedder(
             LocalEmbedderConfig(),
@@ -234,7 +236,6 @@ def run_eval(
             ),
         )
         sor = SorSettings(kind="sqlite", sqlite_path=sor_path)
-        store_settings = StoreSettings(data_dir=root / "store")
         try:
             worker = build_worker(
                 IngestSettings(
