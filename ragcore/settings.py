@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ragcore.embedders.local_onnx import LocalEmbedderConfig
@@ -55,8 +55,7 @@ class StoreSettings(BaseModel):
     new_tenants: Placement | None = Field(
         default=None,
         description="Placement of a tenant's first version: shared (a partition of one "
-        "collection shared by small tenants) or dedicated (its own collection). Default: shared "
-        "on edge, dedicated on qdrant (shared needs the embedded store for now).",
+        "collection shared by small tenants; the default) or dedicated (its own collection).",
     )
     dedicated_above_points: int = Field(
         default=100_000,
@@ -66,21 +65,10 @@ class StoreSettings(BaseModel):
         "promotes it).",
     )
 
-    @model_validator(mode="after")
-    def _shared_needs_edge(self) -> StoreSettings:
-        if self.backend == "qdrant" and self.new_tenants == "shared":
-            raise ValueError(
-                "store.new_tenants=shared needs store.backend=edge: the Qdrant server backend "
-                "keeps one collection per tenant version for now"
-            )
-        return self
-
     @property
     def placement_for_new_tenants(self) -> Placement:
-        """Where a tenant's first version goes (the default depends on the backend)."""
-        if self.new_tenants is not None:
-            return self.new_tenants
-        return "shared" if self.backend == "edge" else "dedicated"
+        """Where a tenant's first version goes."""
+        return self.new_tenants or "shared"
 
 
 class SorSettings(BaseModel):

@@ -18,7 +18,11 @@ from ragcore.sor.sql import PostgresSor, SqliteSor
 from ragcore.sparse import Bm25Encoder
 from ragcore.store.base import PayloadSchema, Placement, VectorStore
 from ragcore.store.edge import EdgeStore
-from ragcore.store.qdrant_remote import QdrantRemoteStore
+from ragcore.store.qdrant_remote import (
+    CatalogEntries,
+    QdrantRemoteStore,
+    ServerPlacementCatalog,
+)
 from ragcore.store.registry import (
     FileIndexRegistry,
     IndexRegistry,
@@ -40,9 +44,10 @@ def payload_schema(plan: PlanConfig) -> PayloadSchema:
     return PayloadSchema(keyword_fields=keywords)
 
 
-def build_store(settings: StoreSettings, schema: PayloadSchema) -> VectorStore:
-    """qdrant-edge under `data_dir` (tiered: dedicated collections and shared partitions,
-    docs/decisions/tiered-tenancy.md), or a Qdrant server at `url` (dedicated collections)."""
+def build_store(settings: StoreSettings, schema: PayloadSchema) -> TieredStore:
+    """The tiered store (dedicated collections and shared partitions,
+    docs/decisions/tiered-tenancy.md) over qdrant-edge under `data_dir`, or over a Qdrant
+    server at `url` (its partitions recorded in ragstream's catalog collection there)."""
     if settings.backend == "edge":
         engine = EdgeStore(
             settings.data_dir,
@@ -58,12 +63,17 @@ def build_store(settings: StoreSettings, schema: PayloadSchema) -> VectorStore:
     if not settings.url:
         raise ConfigError("store.backend=qdrant needs store.url (RAGSTREAM_STORE__URL)")
     key = settings.api_key.get_secret_value() if settings.api_key else None
-    return QdrantRemoteStore.connect(
+    remote = QdrantRemoteStore.connect(
         settings.url,
         api_key=key,
         prefer_grpc=settings.prefer_grpc,
         timeout=int(settings.timeout_s),
         schema=schema,
+    )
+    return TieredStore(
+        remote,
+        ServerPlacementCatalog(CatalogEntries(remote)),
+        default_placement=settings.placement_for_new_tenants,
     )
 
 
@@ -84,7 +94,10 @@ def new_tenant_placement(settings: StoreSettings, store: VectorStore) -> Placeme
 def build_registry(settings: StoreSettings, store: VectorStore) -> IndexRegistry:
     """The index registry matching the store backend."""
     if isinstance(store, QdrantRemoteStore):
-        return QdrantIndexRegistry(store)
+        return QdrantIndexRegistry(store)  # an engine store given by the caller: dedicated
+    if isinstance(store, TieredStore) and isinstance(store.engine, QdrantRemoteStore):
+        engine = store.engine
+        return QdrantIndexRegistry(engine, store=store, entries=CatalogEntries(engine))
     return FileIndexRegistry(settings.data_dir, store)
 
 

@@ -259,7 +259,9 @@ def build_worker(
         models=models,
         targets=targets,
         metrics=metrics,
-        reconcile_metrics=ReconcileMetrics(registry),
+        reconcile_metrics=ReconcileMetrics(
+            registry, dedicated_above_points=settings.store.dedicated_above_points
+        ),
         sor=sor,
         owned=tuple(core.owned),
     )

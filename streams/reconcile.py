@@ -22,7 +22,15 @@ from prometheus_client import CollectorRegistry, Gauge
 from ragcore.errors import SorTableError
 from ragcore.mapping import table_of_entity
 from ragcore.sor.base import SystemOfRecord, tables_of
-from ragcore.store.base import CHUNK_ID, ENTITY_ID, SOURCE_HASH, StoreFilter, VectorStore
+from ragcore.store.base import (
+    CHUNK_ID,
+    ENTITY_ID,
+    PLACEMENTS,
+    SOURCE_HASH,
+    Placement,
+    StoreFilter,
+    VectorStore,
+)
 from ragcore.store.points import CHUNK_COUNT
 from ragcore.store.registry import IndexRegistry
 from streams.ingest import IngestHandler
@@ -55,6 +63,8 @@ class ReconcileReport:
     sor_entities: int
     indexed_entities: int
     points_scanned: int
+    #: where the reconciled version lives (None: the tenant has no index version)
+    placement: Placement | None = None
     missing: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)
@@ -89,9 +99,26 @@ class ReconcileReport:
 
 
 class ReconcileMetrics:
-    """`ragstream_reconcile_*` gauges (the drift alert reads them)."""
+    """`ragstream_reconcile_*` gauges (the drift alert reads them) and, from the same pass over
+    every tenant, the tenants by placement and those due for promotion to their own collection
+    (docs/decisions/tiered-tenancy.md)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, *, dedicated_above_points: int = 100_000
+    ) -> None:
+        self._threshold = dedicated_above_points
+        self.tenants = Gauge(
+            "ragstream_tenants",
+            "Tenants with an active index at the last reconciliation, by placement.",
+            ["placement"],
+            registry=registry,
+        )
+        self.due = Gauge(
+            "ragstream_tenants_due_for_promotion",
+            "Shared tenants above RAGSTREAM_STORE__DEDICATED_ABOVE_POINTS at the last "
+            "reconciliation (`ragstream index placement` names them).",
+            registry=registry,
+        )
         self.drift = Gauge(
             "ragstream_reconcile_drift_entities",
             "Entities out of step with the SoR at the last reconciliation, by kind.",
@@ -112,6 +139,11 @@ class ReconcileMetrics:
         """Export the counts of one run over several tenants (summed per kind)."""
         for kind in (*DRIFT_KINDS, *BLIND_KINDS):
             self.drift.labels(kind).set(sum(len(getattr(r, kind)) for r in reports))
+        for placement in PLACEMENTS:
+            self.tenants.labels(placement).set(sum(r.placement == placement for r in reports))
+        self.due.set(
+            sum(r.placement == "shared" and r.points_scanned > self._threshold for r in reports)
+        )
         self.last_run.set(time.time())
 
 
@@ -135,12 +167,13 @@ def reconcile(
     if version is None:
         version = registry.active_version(tenant)
     if version is None:
-        index = ""
+        index, placement = "", None
         indexed: dict[str, tuple[set[str], set[str | None], set[object]]] = {}
         points = 0
         index_s = 0.0
     else:
-        index = registry.manifest(tenant, version).index_name
+        manifest = registry.manifest(tenant, version)
+        index, placement = manifest.index_name, manifest.placement
         started = time.perf_counter()
         indexed, points = _indexed(store, index, tenant, batch)
         index_s = time.perf_counter() - started
@@ -150,6 +183,7 @@ def reconcile(
         sor_entities=0,
         indexed_entities=0,
         points_scanned=points,
+        placement=placement,
         index_seconds=round(index_s, 3),
     )
     by_table: dict[str, list[str]] = {}

@@ -52,6 +52,7 @@ from ragcore.store.base import (
     refuse_shared,
 )
 from ragcore.store.engine import QdrantEngine
+from ragcore.store.engine import engine_payload as _payload
 from ragcore.store.ids import validate_collection_name
 
 T = TypeVar("T")
@@ -305,7 +306,14 @@ class EdgeStore(QdrantEngine):
 
     # --- writes --------------------------------------------------------------------------
 
-    def upsert(self, name: str, points: Sequence[PointRecord], wait: bool = True) -> None:
+    def upsert(
+        self,
+        name: str,
+        points: Sequence[PointRecord],
+        wait: bool = True,
+        *,
+        partition: str | None = None,
+    ) -> None:
         """Insert or overwrite points (always applied before returning, see module docs)."""
         if not points:
             return
@@ -314,7 +322,7 @@ class EdgeStore(QdrantEngine):
             vector: dict[str, Any] = {DENSE_VECTOR: p.dense_array()}
             if p.sparse is not None and len(p.sparse):
                 vector[SPARSE_VECTOR] = _to_sparse(p.sparse)
-            converted.append(qe.Point(p.point_id, vector, dict(p.payload)))
+            converted.append(qe.Point(p.point_id, vector, _payload(p, partition)))
         self._write(name, qe.UpdateOperation.upsert_points(converted))
 
     def _selection(self, ids: Sequence[str] | None, partition: str | None) -> qe.Filter:

@@ -30,6 +30,7 @@ from ragcore.store.base import (
     ChunkRef,
     DenseVector,
     HybridResult,
+    PointRecord,
     ScoredHit,
     SparseVector,
     StoredPoint,
@@ -275,6 +276,17 @@ class QdrantEngine(ABC):
         """chunk_id -> ChunkRef for every point of the entity (StoreError on duplicate chunks)."""
         scope = StoreFilter(tenant_id=tenant_id, entity_ids=(entity_id,), partition=partition)
         return chunk_manifest(self.scroll(name, scope))
+
+
+def engine_payload(point: PointRecord, partition: str | None) -> dict[str, Any]:
+    """The payload a point is written with: the caller's, plus the partition key in a shared
+    collection (set here, so no caller's value for it survives)."""
+    payload = dict(point.payload)
+    if partition is not None:
+        payload[PARTITION] = partition
+    else:
+        payload.pop(PARTITION, None)
+    return payload
 
 
 def _visible(payload: Mapping[str, Any] | None) -> Mapping[str, Any]:

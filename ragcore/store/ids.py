@@ -21,6 +21,8 @@ POINT_NAMESPACE = uuid.UUID("54fa6fe9-40c3-4caa-a290-139b6cbf54af")
 #: Separates the parts of collection and alias names; hence forbidden inside a tenant name.
 SEPARATOR = "__"
 PREFIX = "rag"
+#: ragstream's own catalog collection on a Qdrant server (shared placement); never an index.
+CATALOG_COLLECTION = "rag_catalog"
 
 _TENANT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # Collection names become directory names in embedded mode: no dots, slashes or leading dash.

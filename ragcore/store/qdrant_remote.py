@@ -6,7 +6,9 @@ which implements the server's API semantics by brute force: the contract tests r
 is far too slow to serve (docs/decisions/vector-store-qdrant-edge-and-server.md).
 
 Beyond the port, this adapter offers what the server-mode index registry needs: collection
-metadata (where index manifests live), aliases and the list of collections.
+metadata (where dedicated versions' manifests live), aliases and the list of collections; and
+`CatalogEntries` / `ServerPlacementCatalog`, ragstream's catalog collection on the server where
+shared placement is recorded (docs/decisions/tiered-tenancy.md).
 
 Errors: connection refused, timeouts, gRPC UNAVAILABLE/DEADLINE_EXCEEDED/RESOURCE_EXHAUSTED and
 HTTP 429/502/503/504 become StoreUnavailableError (with Retry-After when the server sent one);
@@ -15,6 +17,10 @@ everything else becomes StoreError with the vendor's message.
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+import uuid
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -45,7 +51,12 @@ from ragcore.store.base import (
     refuse_shared,
 )
 from ragcore.store.engine import QdrantEngine
-from ragcore.store.ids import validate_collection_name
+from ragcore.store.engine import engine_payload as _payload
+from ragcore.store.ids import (
+    CATALOG_COLLECTION,
+    parse_collection_name,
+    validate_collection_name,
+)
 
 T = TypeVar("T")
 
@@ -274,6 +285,16 @@ class QdrantRemoteStore(QdrantEngine):
                 return description.collection_name
         return None
 
+    def drop_alias(self, alias: str) -> None:
+        """Delete `alias` if it exists."""
+        if self.alias_target(alias) is None:
+            return
+        operation = models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=alias))
+        _vendor(
+            f"drop alias {alias}",
+            lambda: self._client.update_collection_aliases(change_aliases_operations=[operation]),
+        )
+
     def switch_alias(self, alias: str, collection: str) -> None:
         """Point `alias` at `collection` in one atomic request (delete + create)."""
         operations: list[Any] = []
@@ -293,7 +314,14 @@ class QdrantRemoteStore(QdrantEngine):
 
     # --- writes --------------------------------------------------------------------------
 
-    def upsert(self, name: str, points: Sequence[PointRecord], wait: bool = True) -> None:
+    def upsert(
+        self,
+        name: str,
+        points: Sequence[PointRecord],
+        wait: bool = True,
+        *,
+        partition: str | None = None,
+    ) -> None:
         """Insert or overwrite points; with `wait` they are searchable on return."""
         if not points:
             return
@@ -303,7 +331,7 @@ class QdrantRemoteStore(QdrantEngine):
             if p.sparse is not None and len(p.sparse):
                 vector[SPARSE_VECTOR] = _to_sparse(p.sparse)
             structs.append(
-                models.PointStruct(id=p.point_id, vector=vector, payload=dict(p.payload))
+                models.PointStruct(id=p.point_id, vector=vector, payload=_payload(p, partition))
             )
         _vendor(f"upsert {name}", lambda: self._client.upsert(name, points=structs, wait=wait))
 
@@ -473,3 +501,183 @@ class QdrantRemoteStore(QdrantEngine):
         self._closed = True
         if self._owns_client:
             _vendor("close", self._client.close)
+
+
+_CATALOG_NAMESPACE = uuid.UUID("0b7f8c1e-2f4a-4f7e-9a51-3d2c6e8b9a10")
+
+
+class CatalogEntries:
+    """Small JSON documents keyed by (kind, key) in the `rag_catalog` collection of a Qdrant
+    server: what the server keeps about shared placement (docs/decisions/tiered-tenancy.md):
+    `partition` (logical collection -> pool), `manifest` and `calibration` (of a shared index
+    version) and `active` (a shared tenant's active version).
+
+    One point per entry, its id a uuid5 of (kind, key), so a read or write is one request by id
+    and entries of different keys never contend (collection metadata would be one document
+    rewritten by every tenant). Each point carries `kind`, `key`, `tenant` (keyword-indexed) and
+    the JSON `value`; the vector is a 1-dimensional placeholder the engine requires.
+    """
+
+    def __init__(self, store: QdrantRemoteStore) -> None:
+        """Keep the catalog in `store`'s server (the collection is created on first use)."""
+        self._client = store.client
+        self._ready = False
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _id(kind: str, key: str) -> str:
+        return str(uuid.uuid5(_CATALOG_NAMESPACE, json.dumps([kind, key])))
+
+    def _ensure(self) -> None:
+        with self._lock:
+            if self._ready:
+                return
+            name = CATALOG_COLLECTION
+            if not _vendor(f"exists {name}", lambda: self._client.collection_exists(name)):
+                _vendor(
+                    f"create {name}",
+                    lambda: self._client.create_collection(
+                        name,
+                        vectors_config={
+                            "_": models.VectorParams(size=1, distance=models.Distance.DOT)
+                        },
+                    ),
+                )
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message="Payload indexes have no effect")
+                    for key in ("kind", "key", "tenant"):
+                        _vendor(
+                            f"index {name}.{key}",
+                            lambda k=key: self._client.create_payload_index(  # type: ignore[misc]
+                                name,
+                                field_name=k,
+                                field_schema=models.PayloadSchemaType.KEYWORD,
+                                wait=True,
+                            ),
+                        )
+            self._ready = True
+
+    def get(self, kind: str, key: str) -> Any:
+        """The entry's value, or None."""
+        self._ensure()
+        records = _vendor(
+            f"catalog get {kind}:{key}",
+            lambda: self._client.retrieve(
+                CATALOG_COLLECTION, [self._id(kind, key)], with_payload=True
+            ),
+        )
+        if not records:
+            return None
+        try:
+            return json.loads((records[0].payload or {})["value"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreError(f"corrupt catalog entry {kind}:{key}: {exc}") from exc
+
+    def put(self, kind: str, key: str, value: Any, *, tenant: str) -> None:
+        """Create or replace the entry (waits until it is readable)."""
+        self._ensure()
+        point = models.PointStruct(
+            id=self._id(kind, key),
+            vector={"_": [1.0]},
+            payload={"kind": kind, "key": key, "tenant": tenant, "value": json.dumps(value)},
+        )
+        _vendor(
+            f"catalog put {kind}:{key}",
+            lambda: self._client.upsert(CATALOG_COLLECTION, points=[point], wait=True),
+        )
+
+    def delete(self, *, key: str, kind: str | None = None) -> None:
+        """Delete the entry of (kind, key), or with no kind every entry of `key`."""
+        self._ensure()
+        must: list[Any] = [models.FieldCondition(key="key", match=models.MatchValue(value=key))]
+        if kind is not None:
+            must.append(models.FieldCondition(key="kind", match=models.MatchValue(value=kind)))
+        selector = models.FilterSelector(filter=models.Filter(must=must))
+        _vendor(
+            f"catalog delete {key}",
+            lambda: self._client.delete(CATALOG_COLLECTION, points_selector=selector, wait=True),
+        )
+
+    def scan(self, kind: str, tenant: str | None = None) -> dict[str, Any]:
+        """key -> value of every entry of `kind` (of one tenant, when given)."""
+        self._ensure()
+        must: list[Any] = [models.FieldCondition(key="kind", match=models.MatchValue(value=kind))]
+        if tenant is not None:
+            must.append(models.FieldCondition(key="tenant", match=models.MatchValue(value=tenant)))
+        condition = models.Filter(must=must)
+        found: dict[str, Any] = {}
+        offset: Any = None
+        while True:
+            page, offset = _vendor(
+                f"catalog scan {kind}",
+                lambda o=offset: self._client.scroll(  # type: ignore[misc]
+                    CATALOG_COLLECTION,
+                    scroll_filter=condition,
+                    limit=1000,
+                    offset=o,
+                    with_payload=True,
+                ),
+            )
+            for record in page:
+                payload = record.payload or {}
+                found[str(payload.get("key"))] = json.loads(str(payload.get("value")))
+            if offset is None:
+                return found
+
+
+class ServerPlacementCatalog:
+    """`ragcore.store.tiered.PlacementCatalog` on a Qdrant server (`CatalogEntries`).
+
+    Several processes share it, so lookups are cached briefly: a partition found is kept for
+    `positive_ttl_s` (it changes only when dropped, after the workers stopped writing it), a
+    name found to be no partition for `negative_ttl_s` (the worker creating a partition sees
+    it at once; others within that time).
+    """
+
+    def __init__(
+        self,
+        entries: CatalogEntries,
+        *,
+        positive_ttl_s: float = 60.0,
+        negative_ttl_s: float = 2.0,
+    ) -> None:
+        """Look partitions up in `entries`."""
+        self._entries = entries
+        self._ttl = (positive_ttl_s, negative_ttl_s)
+        self._cache: dict[str, tuple[float, str | None]] = {}
+        self._lock = threading.Lock()
+
+    def pool_of(self, name: str) -> str | None:
+        """The pool of a partition, or None."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._cache.get(name)
+        if cached is not None:
+            ttl = self._ttl[0] if cached[1] is not None else self._ttl[1]
+            if now - cached[0] < ttl:
+                return cached[1]
+        value = self._entries.get("partition", name)
+        pool = value.get("pool") if isinstance(value, dict) else None
+        if value is not None and not isinstance(pool, str):
+            raise StoreError(f"corrupt partition entry {name!r}: {value!r}")
+        with self._lock:
+            self._cache[name] = (now, pool)
+        return pool
+
+    def add(self, name: str, pool: str) -> None:
+        """Record a partition."""
+        parsed = parse_collection_name(name)
+        tenant = parsed[0] if parsed is not None else ""
+        self._entries.put("partition", name, {"pool": pool}, tenant=tenant)
+        with self._lock:
+            self._cache[name] = (time.monotonic(), pool)
+
+    def remove(self, name: str) -> None:
+        """Forget a partition, with its manifest and calibration entries."""
+        self._entries.delete(key=name)
+        with self._lock:
+            self._cache[name] = (time.monotonic(), None)
+
+    def partitions(self) -> dict[str, str]:
+        """Every partition: logical name -> pool."""
+        return {k: str(v["pool"]) for k, v in self._entries.scan("partition").items()}

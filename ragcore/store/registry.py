@@ -12,6 +12,12 @@ Two implementations behind one base class:
   atomically by one `update_collection_aliases` request) and each manifest lives in its own
   collection's metadata (`ragstream_manifest`; collection metadata exists since Qdrant 1.16 /
   qdrant-client 1.16 and in local mode), so a manifest can never outlive or miss its collection.
+  A *shared* version (a partition of a pool, docs/decisions/tiered-tenancy.md) has no
+  collection of its own: its manifest and calibration are entries of ragstream's catalog
+  collection (`SharedEntries`), deleted with the partition, and a tenant whose active version
+  is shared has no alias but an `active` entry. The alias wins when both exist, so every switch
+  is still one atomic step: to a dedicated version, creating the alias; to a shared one, writing
+  the entry and then dropping the alias.
 
 Manifest lifecycle (the "immutable" rule made precise):
 - `create_version` writes the manifest once with status `building`, `total_vectors=0` and the
@@ -509,33 +515,87 @@ class ServerCatalog(VectorStore, Protocol):
         """Atomically point an alias at a collection."""
         ...
 
+    def drop_alias(self, alias: str) -> None:
+        """Delete an alias if it exists."""
+        ...
+
+
+class SharedEntries(Protocol):
+    """JSON entries keyed by (kind, key) on the server (`qdrant_remote.CatalogEntries`)."""
+
+    def get(self, kind: str, key: str) -> Any:
+        """The entry's value, or None."""
+        ...
+
+    def put(self, kind: str, key: str, value: Any, *, tenant: str) -> None:
+        """Create or replace an entry."""
+        ...
+
+    def delete(self, *, key: str, kind: str | None = None) -> None:
+        """Delete the entry of (kind, key), or every entry of `key`."""
+        ...
+
+    def scan(self, kind: str, tenant: str | None = None) -> dict[str, Any]:
+        """key -> value of every entry of `kind` (of one tenant)."""
+        ...
+
 
 class QdrantIndexRegistry(IndexRegistry):
-    """Server registry: alias `rag__<tenant>` = active version; manifests in collection metadata.
+    """Server registry: alias `rag__<tenant>` = active version; manifests in collection metadata
+    (dedicated versions) or in catalog entries (shared versions; see the module docstring).
 
     A collection named like a version but without a ragstream manifest (created by someone
     else) makes every read of that version raise ManifestMismatchError: nothing to verify.
     """
 
-    def __init__(self, catalog: ServerCatalog) -> None:
-        """Use `catalog` (a QdrantRemoteStore) for collections, metadata and aliases."""
+    def __init__(
+        self,
+        catalog: ServerCatalog,
+        *,
+        store: VectorStore | None = None,
+        entries: SharedEntries | None = None,
+    ) -> None:
+        """Use `catalog` (a QdrantRemoteStore) for collections, metadata and aliases, `store`
+        (a TieredStore over it) to create versions, and `entries` for shared versions (without
+        them every version is dedicated)."""
         super().__init__()
         self._catalog = catalog
+        self._store: VectorStore = store or catalog
+        self._entries = entries
+
+    def _shared(self, kind: str, tenant: str | None = None) -> dict[str, Any]:
+        return {} if self._entries is None else self._entries.scan(kind, tenant)
 
     def _versions(self, tenant: str) -> list[int]:
-        versions = []
-        for name in self._catalog.list_collections():
+        names = [*self._catalog.list_collections(), *self._shared("manifest", tenant)]
+        versions = set()
+        for name in names:
             parsed = parse_collection_name(name)
             if parsed is not None and parsed[0] == tenant:
-                versions.append(parsed[1])
+                versions.add(parsed[1])
         return sorted(versions)
 
     def _tenants(self) -> list[str]:
-        parsed = (parse_collection_name(n) for n in self._catalog.list_collections())
+        names = [*self._catalog.list_collections(), *self._shared("manifest")]
+        parsed = (parse_collection_name(n) for n in names)
         return list({p[0] for p in parsed if p is not None})
+
+    def _shared_manifest(self, name: str) -> IndexManifest | None:
+        raw = None if self._entries is None else self._entries.get("manifest", name)
+        if raw is None:
+            return None
+        try:
+            return IndexManifest.model_validate(raw)
+        except ValidationError as exc:
+            raise StoreError(f"corrupt manifest entry of {name}: {exc}") from exc
 
     def _read(self, tenant: str, version: int) -> IndexManifest | None:
         name = collection_name(tenant, version)
+        shared = self._shared_manifest(name)
+        if shared is not None:
+            if shared.tenant != tenant or shared.version != version:
+                raise StoreError(f"catalog entry {name} holds the manifest of {shared.index_name}")
+            return shared
         if not self._catalog.collection_exists(name):
             return None
         raw = self._catalog.collection_metadata(name).get(MANIFEST_KEY)
@@ -552,8 +612,25 @@ class QdrantIndexRegistry(IndexRegistry):
         return manifest
 
     def _create(self, manifest: IndexManifest) -> None:
-        if self._catalog.collection_exists(manifest.index_name):
-            raise StoreError(f"index version {manifest.index_name} already exists")
+        name = manifest.index_name
+        if self._catalog.collection_exists(name) or self._shared_manifest(name) is not None:
+            raise StoreError(f"index version {name} already exists")
+        if manifest.placement == "shared":
+            if self._entries is None:
+                raise StoreError(f"{name}: this registry has no catalog for shared versions")
+            # The manifest first: a crash before the partition exists leaves a version whose
+            # collection the worker creates on first sight (as for a dedicated version).
+            self._entries.put(
+                "manifest", name, manifest.model_dump(mode="json"), tenant=manifest.tenant
+            )
+            try:
+                self._store.ensure_collection(
+                    name, manifest.dimension, sparse=True, placement="shared"
+                )
+            except BaseException:
+                self._entries.delete(key=name)
+                raise
+            return
         self._catalog.ensure_collection(
             manifest.index_name,
             manifest.dimension,
@@ -563,6 +640,14 @@ class QdrantIndexRegistry(IndexRegistry):
         )
 
     def _rewrite(self, manifest: IndexManifest) -> None:
+        if manifest.placement == "shared" and self._entries is not None:
+            self._entries.put(
+                "manifest",
+                manifest.index_name,
+                manifest.model_dump(mode="json"),
+                tenant=manifest.tenant,
+            )
+            return
         self._catalog.set_collection_metadata(
             manifest.index_name, {MANIFEST_KEY: manifest.model_dump(mode="json")}
         )
@@ -570,19 +655,41 @@ class QdrantIndexRegistry(IndexRegistry):
     def _active(self, tenant: str) -> int | None:
         target = self._catalog.alias_target(alias_name(tenant))
         if target is None:
-            return None
+            raw = None if self._entries is None else self._entries.get("active", tenant)
+            if raw is None:
+                return None
+            if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+                raise StoreError(f"corrupt active entry of tenant {tenant!r}: {raw!r}")
+            return raw
         parsed = parse_collection_name(target)
         if parsed is None or parsed[0] != tenant:
             raise StoreError(f"alias {alias_name(tenant)} points at foreign collection {target!r}")
         return parsed[1]
 
     def _set_active(self, tenant: str, version: int) -> None:
+        manifest = self._read(tenant, version)
+        if manifest is not None and manifest.placement == "shared":
+            if self._entries is None:
+                raise StoreError(f"{manifest.index_name}: no catalog for shared versions")
+            self._entries.put("active", tenant, version, tenant=tenant)
+            self._catalog.drop_alias(alias_name(tenant))  # the switch: the entry now decides
+            return
         self._catalog.switch_alias(alias_name(tenant), collection_name(tenant, version))
+        if self._entries is not None:
+            self._entries.delete(key=tenant, kind="active")
 
     def _write_calibration(self, manifest: IndexManifest, text: str) -> None:
+        if manifest.placement == "shared" and self._entries is not None:
+            self._entries.put("calibration", manifest.index_name, text, tenant=manifest.tenant)
+            return
         self._catalog.set_collection_metadata(manifest.index_name, {CALIBRATION_KEY: text})
 
     def _read_calibration(self, manifest: IndexManifest) -> str | None:
+        if manifest.placement == "shared" and self._entries is not None:
+            shared = self._entries.get("calibration", manifest.index_name)
+            if shared is not None and not isinstance(shared, str):
+                raise StoreError(f"corrupt calibration entry of {manifest.index_name}")
+            return shared
         raw = self._catalog.collection_metadata(manifest.index_name).get(CALIBRATION_KEY)
         if raw is None:
             return None

@@ -30,7 +30,6 @@ from typing import Any, Protocol
 
 from ragcore.errors import StoreError
 from ragcore.store.base import (
-    PARTITION,
     PLACEMENTS,
     ChunkRef,
     DenseVector,
@@ -43,7 +42,12 @@ from ragcore.store.base import (
     StoredPoint,
     StoreFilter,
 )
-from ragcore.store.ids import parse_collection_name, point_id, validate_collection_name
+from ragcore.store.ids import (
+    CATALOG_COLLECTION,
+    parse_collection_name,
+    point_id,
+    validate_collection_name,
+)
 from ragcore.store.registry import atomic_write
 
 #: Prefix of the shared collections; reserved (no logical collection may use it).
@@ -89,8 +93,15 @@ class PartitionedEngine(Protocol):
         """Every engine collection."""
         ...
 
-    def upsert(self, name: str, points: Sequence[PointRecord], wait: bool = True) -> None:
-        """Insert or overwrite points."""
+    def upsert(
+        self,
+        name: str,
+        points: Sequence[PointRecord],
+        wait: bool = True,
+        *,
+        partition: str | None = None,
+    ) -> None:
+        """Insert or overwrite points (with the partition key)."""
         ...
 
     def delete_points(
@@ -279,6 +290,27 @@ class FilePlacementCatalog:
             return dict(self._load())
 
 
+def _check_partition_points(partition: str, points: Sequence[PointRecord]) -> None:
+    """StoreError unless every point belongs in the partition: a partition holds one tenant's
+    version, and its point ids are derived from (tenant, chunk, version), so no write to one
+    partition can overwrite a point of another in the same pool."""
+    parsed = parse_collection_name(partition)
+    if parsed is None:  # ensure_collection never makes such a partition
+        raise StoreError(f"partition {partition!r} is not named rag__<tenant>__v<N>")
+    tenant, version = parsed
+    for point in points:
+        if point.tenant_id != tenant:
+            raise StoreError(
+                f"point {point.point_id} of tenant {point.tenant_id!r} cannot be written to "
+                f"{partition}, a partition of tenant {tenant!r}"
+            )
+        if point.point_id != point_id(tenant, point.chunk_id, version):
+            raise StoreError(
+                f"point {point.point_id} in {partition}: its id is not "
+                f"ids.point_id({tenant!r}, {point.chunk_id!r}, {version})"
+            )
+
+
 class TieredStore:
     """`VectorStore` whose collections are dedicated engine collections or partitions of a
     shared pool (see the module docstring)."""
@@ -319,8 +351,11 @@ class TieredStore:
     def _where(self, name: str) -> tuple[str, str | None]:
         """(engine collection, partition or None) of a logical collection."""
         validate_collection_name(name)
-        if is_pool(name):
-            raise StoreError(f"{name!r} is a shared pool, not a collection a caller may address")
+        if is_pool(name) or name == CATALOG_COLLECTION:
+            raise StoreError(
+                f"{name!r} is reserved (a shared pool or ragstream's catalog), not a collection "
+                f"a caller may address"
+            )
         pool = self._catalog.pool_of(name)
         return (name, None) if pool is None else (pool, name)
 
@@ -402,7 +437,9 @@ class TieredStore:
 
     def list_collections(self) -> list[str]:
         """Every logical collection (dedicated and shared), sorted; pools are not listed."""
-        dedicated = [n for n in self._engine.list_collections() if not is_pool(n)]
+        dedicated = [
+            n for n in self._engine.list_collections() if not is_pool(n) and n != CATALOG_COLLECTION
+        ]
         return sorted({*dedicated, *self._catalog.partitions()})
 
     def optimize(self, name: str) -> bool:
@@ -416,31 +453,8 @@ class TieredStore:
         """Insert or overwrite points; a partition's points get its key."""
         collection, partition = self._where(name)
         if partition is not None:
-            points = [self._partition_point(partition, p) for p in points]
-        self._engine.upsert(collection, points, wait)
-
-    @staticmethod
-    def _partition_point(partition: str, point: PointRecord) -> PointRecord:
-        """The point with its partition key, after checking it belongs there: a partition holds
-        one tenant's version, and its point ids are derived from (tenant, chunk, version), so no
-        write to one partition can overwrite a point of another in the same pool."""
-        parsed = parse_collection_name(partition)
-        if parsed is None:  # ensure_collection never makes such a partition
-            raise StoreError(f"partition {partition!r} is not named rag__<tenant>__v<N>")
-        tenant, version = parsed
-        if point.tenant_id != tenant:
-            raise StoreError(
-                f"point {point.point_id} of tenant {point.tenant_id!r} cannot be written to "
-                f"{partition}, a partition of tenant {tenant!r}"
-            )
-        if point.point_id != point_id(tenant, point.chunk_id, version):
-            raise StoreError(
-                f"point {point.point_id} in {partition}: its id is not "
-                f"ids.point_id({tenant!r}, {point.chunk_id!r}, {version})"
-            )
-        return PointRecord(
-            point.point_id, point.dense, point.sparse, {**point.payload, PARTITION: partition}
-        )
+            _check_partition_points(partition, points)
+        self._engine.upsert(collection, points, wait, partition=partition)
 
     def delete_points(self, name: str, ids: Sequence[str], wait: bool = True) -> None:
         """Delete points by id (of this logical collection only)."""

@@ -39,9 +39,10 @@ from ragcore.prepare import Preparer
 from ragcore.settings import SorSettings, StoreSettings
 from ragcore.sor.base import SystemOfRecord
 from ragcore.sparse import Bm25Encoder
-from ragcore.store.base import StoreFilter, VectorStore
+from ragcore.store.base import Placement, StoreFilter, VectorStore
 from ragcore.store.edge import EdgeStore
-from ragcore.store.qdrant_remote import QdrantRemoteStore
+from ragcore.store.ids import CATALOG_COLLECTION
+from ragcore.store.qdrant_remote import CatalogEntries, QdrantRemoteStore, ServerPlacementCatalog
 from ragcore.store.registry import QdrantIndexRegistry
 from ragcore.store.tiered import TieredStore, pool_name
 from ragcore.wiring import build_store, payload_schema
@@ -587,9 +588,14 @@ def test_an_interrupted_reindex_resumes_its_version(stack_factory: Any) -> None:
     )
 
 
-def test_reindex_on_the_qdrant_server_registry_swaps_the_alias(tmp_path: Path) -> None:
-    """The same job against qdrant-client (local mode implements the server API): the active
-    pointer is the alias `rag__acme`, manifests live in collection metadata."""
+@pytest.mark.parametrize("placement", ["dedicated", "shared"])
+def test_reindex_on_the_qdrant_server_registry_swaps_the_active_pointer(
+    tmp_path: Path, placement: Placement
+) -> None:
+    """The same job against qdrant-client (local mode implements the server API). Dedicated:
+    the active pointer is the alias `rag__acme`, manifests live in collection metadata.
+    Shared (the store `ragstream` builds for a server): both versions are partitions of the
+    pools, their manifests and the active pointer are entries of the catalog collection."""
     sor_path = tmp_path / "sor.sqlite"
     conn = sqlite3.connect(sor_path)
     rng = random.Random(21)
@@ -602,7 +608,12 @@ def test_reindex_on_the_qdrant_server_registry_swaps_the_alias(tmp_path: Path) -
                 (f"doc-{n:03d}", TENANT, content(rng, rng.randint(2, 8))),
             )
     conn.close()
-    store = QdrantRemoteStore.local(schema=payload_schema(PlanConfig()))
+    remote = QdrantRemoteStore.local(schema=payload_schema(PlanConfig()))
+    store: VectorStore = remote
+    if placement == "shared":
+        store = TieredStore(
+            remote, ServerPlacementCatalog(CatalogEntries(remote)), default_placement="shared"
+        )
     settings = IngestSettings(
         kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),  # never contacted
         sor=SorSettings(kind="sqlite", sqlite_path=sor_path),
@@ -641,13 +652,24 @@ def test_reindex_on_the_qdrant_server_registry_swaps_the_alias(tmp_path: Path) -
                     sparse_encoder=Bm25Encoder().model_version,
                     search=retriever_search(retriever, 10),
                     options=ReindexOptions(
-                        settle_s=0, grace_s=0, parity=ParitySettings(tolerance=0.15)
+                        settle_s=0,
+                        grace_s=0,
+                        parity=ParitySettings(tolerance=0.15),
+                        new_tenants=placement,
                     ),
                 )
             )
         assert [(r.outcome, r.new_version) for r in reports] == [("switched", 1), ("switched", 2)]
         assert reports[1].parity is not None and reports[1].parity["queries"] == 30
-        assert store.alias_target("rag__acme") == "rag__acme__v2"
+        assert [r.placement for r in reports] == [placement, placement]
+        if placement == "dedicated":
+            assert remote.alias_target("rag__acme") == "rag__acme__v2"
+        else:
+            assert remote.alias_target("rag__acme") is None
+            assert CatalogEntries(remote).get("active", TENANT) == 2
+            assert remote.list_collections() == sorted(
+                [CATALOG_COLLECTION, pool_name(V1.dimension), pool_name(V2.dimension)]
+            )
         assert worker.registry.manifest(TENANT, 1).status == "retired"
         assert index_snapshot(store, worker.registry, [TENANT])[TENANT] == expected_index(
             worker.sor, V2

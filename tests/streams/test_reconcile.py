@@ -19,13 +19,13 @@ from pydantic import SecretStr
 
 from ragcore.kafka_config import KafkaSettings
 from ragcore.settings import SorSettings, StoreSettings
-from ragcore.store.base import StoreFilter
+from ragcore.store.base import Placement, StoreFilter
 from ragcore.store.edge import EdgeStore
 from ragdev.services.postgres import PostgresCluster
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.events import Op, RawRecord
 from streams.app import IngestWorker, build_worker
-from streams.reconcile import ReconcileMetrics, reconcile
+from streams.reconcile import ReconcileMetrics, ReconcileReport, reconcile
 from streams.settings import IngestSettings
 from tests.streams.support import HashEmbedder, content, eid, entities_plan, index_snapshot
 
@@ -117,6 +117,9 @@ def test_injected_drift_is_reported_exactly_and_repaired_through_the_write_path(
     assert found.extra == [eid("ent-3")]
     gauge = metrics_registry.get_sample_value
     assert gauge("ragstream_reconcile_drift_entities", {"kind": "stale"}) == 2
+    assert found.placement == registry.manifest("acme", 1).placement
+    assert gauge("ragstream_tenants", {"placement": found.placement}) == 1
+    assert gauge("ragstream_tenants_due_for_promotion") == 0
 
     handler = env.worker.handler
     repaired = reconcile(
@@ -161,3 +164,21 @@ def test_the_worker_reconciles_on_schedule_repairs_and_exports_the_drift(env: En
     assert gauge("missing")._value.get() == 0 and gauge("extra")._value.get() == 0
     assert worker.sor is not None
     assert reconcile("acme", sor=worker.sor, store=env.store, registry=worker.registry).drift == 0
+
+
+def test_placement_gauges_count_tenants_and_due_promotions() -> None:
+    def report(tenant: str, placement: Placement, points: int) -> ReconcileReport:
+        return ReconcileReport(tenant, f"rag__{tenant}__v1", 0, 0, points, placement=placement)
+
+    registry = CollectorRegistry()
+    ReconcileMetrics(registry, dedicated_above_points=100).record_all(
+        [
+            report("small", "shared", 100),  # at the threshold: not above it
+            report("grown", "shared", 101),
+            report("big", "dedicated", 5000),
+        ]
+    )
+    gauge = registry.get_sample_value
+    assert gauge("ragstream_tenants", {"placement": "shared"}) == 2
+    assert gauge("ragstream_tenants", {"placement": "dedicated"}) == 1
+    assert gauge("ragstream_tenants_due_for_promotion") == 1

@@ -3,9 +3,10 @@
 Everything on the path is the product's: a tansu broker on loopback (Kafka wire protocol) with
 the topics created explicitly, the worker of `streams.app.build_worker` (production consumer
 defaults) running in a thread, the local ONNX MiniLM embedder behind the persistent embedding
-cache, and an `EdgeStore` (qdrant-edge) under a scratch directory. Only the system of record is
-simulated: its changes are written in Debezium's exact JSON format by
-`ragdev.sor.debezium_format`, keyed by primary key as the connector does.
+cache, and the store `ragstream` builds (qdrant-edge; the tenant's index shared by default,
+`--placement`) under a scratch directory. Only the system of record is simulated: its changes
+are written in Debezium's exact JSON format by `ragdev.sor.debezium_format`, keyed by primary
+key as the connector does.
 
 Phases (each reports what was measured, on what data, with what configuration):
 
@@ -63,8 +64,8 @@ from ragcore.errors import ConfigError, RagstreamError
 from ragcore.kafka_config import KafkaSettings
 from ragcore.prepare import Preparer
 from ragcore.settings import StoreSettings
-from ragcore.store.edge import EdgeStore
-from ragcore.wiring import payload_schema
+from ragcore.store.base import Placement
+from ragcore.wiring import build_store, payload_schema
 from ragdev.bench.machine import emit, machine_info, percentiles
 from ragdev.services.tansu import TansuBroker
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
@@ -573,6 +574,7 @@ def run(
     data_dir: Path | None = None,
     cached_entities: int = 5_000,
     pipeline_entities: int = 15_000,
+    placement: Placement = "shared",
 ) -> dict[str, Any]:
     """Run the three phases and return a JSON-able report (see the module docstring).
 
@@ -604,10 +606,10 @@ def run(
             consumer=ConsumerConfig(topics=(TOPIC,), dlq_topic=DLQ_TOPIC, group_id=GROUP),
             embedder=embedder_config,
             embedding_cache=cache_config,
-            store=StoreSettings(data_dir=root / "store"),
+            store=StoreSettings(data_dir=root / "store", new_tenants=placement),
             metrics_port=0,
         )
-        store = EdgeStore(settings.store.data_dir, schema=payload_schema(settings.plan))
+        store = build_store(settings.store, payload_schema(settings.plan))
         stack.callback(store.close)
         embedder = build_embedder(embedder_config, cache=cache_config, registry=registry)
         stack.callback(embedder.close)
@@ -640,7 +642,10 @@ def run(
         # The same broker, topic and group, a fresh store and an embedder that costs nothing.
         free = PrecomputedEmbedder(embedder.spec)
         pipe_registry = CollectorRegistry()
-        pipe_store = EdgeStore(root / "store-pipeline", schema=payload_schema(settings.plan))
+        pipe_store = build_store(
+            settings.store.model_copy(update={"data_dir": root / "store-pipeline"}),
+            payload_schema(settings.plan),
+        )
         stack.callback(pipe_store.close)
         pipe_settings = settings.model_copy(update={"embedding_cache": None})
         pipe_worker = build_worker(pipe_settings, pipe_registry, store=pipe_store, embedder=free)
@@ -678,7 +683,12 @@ def run(
             "poll_timeout_s": consumer.poll_timeout_s,
             "chunk_budget_tokens": preparer.budget,
             "chunk_strategy": preparer.settings.strategy,
-            "store": "EdgeStore (qdrant-edge, embedded), one shard per tenant index",
+            "store": "TieredStore over EdgeStore (qdrant-edge, embedded), the tenant's index "
+            + (
+                "a partition of the shared collection"
+                if placement == "shared"
+                else "its own collection (shard)"
+            ),
             "worker": "streams.app.build_worker, consumer loop in a thread of this process",
             "group_join_s": round(join_s, 2),
         },
@@ -878,6 +888,12 @@ def main(argv: list[str] | None = None) -> int:
         help="entities of the phase whose embedder costs nothing (our pipeline alone)",
     )
     parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument(
+        "--placement",
+        choices=["shared", "dedicated"],
+        default="shared",
+        help="RAGSTREAM_STORE__NEW_TENANTS: where the tenant's index goes",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     report = run(
@@ -887,6 +903,7 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=args.data_dir,
         cached_entities=args.cached_entities,
         pipeline_entities=args.pipeline_entities,
+        placement=args.placement,
     )
     return emit(report)
 

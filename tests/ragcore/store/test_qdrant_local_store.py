@@ -18,11 +18,23 @@ from qdrant_client import models
 from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
 from qdrant_client.http.exceptions import UnexpectedResponse
 
+from ragcore.embedders.spec import EmbeddingSpec
 from ragcore.errors import ManifestMismatchError, StoreError, StoreUnavailableError
-from ragcore.store.base import StoreFilter, VectorStore
-from ragcore.store.qdrant_remote import QdrantRemoteStore, translate_error
-from ragcore.store.registry import MANIFEST_KEY, IndexRegistry, QdrantIndexRegistry
-from ragcore.store.tiered import FilePlacementCatalog, TieredStore
+from ragcore.store.base import Placement, StoreFilter, VectorStore
+from ragcore.store.ids import CATALOG_COLLECTION
+from ragcore.store.qdrant_remote import (
+    CatalogEntries,
+    QdrantRemoteStore,
+    ServerPlacementCatalog,
+    translate_error,
+)
+from ragcore.store.registry import (
+    MANIFEST_KEY,
+    IndexManifest,
+    IndexRegistry,
+    QdrantIndexRegistry,
+)
+from ragcore.store.tiered import TieredStore
 from tests.ragcore.store.contract import (
     DIM,
     SCHEMA,
@@ -52,30 +64,120 @@ class TestQdrantLocalStore(VectorStoreContract):
         store.close()
 
 
+def tiered(remote: QdrantRemoteStore) -> TieredStore:
+    """The store `build_store` makes for a Qdrant server, new collections shared."""
+    return TieredStore(
+        remote, ServerPlacementCatalog(CatalogEntries(remote)), default_placement="shared"
+    )
+
+
 @pytest.mark.integration
 class TestTieredStoreOnQdrantLocal(VectorStoreContract):
-    """The contract with every collection a partition of one shared pool on qdrant-client:
-    the engine-side scoping of the server adapter (filters, ids within a partition)."""
+    """The contract with every collection a partition of one shared pool on qdrant-client,
+    partitions recorded in the server's catalog collection: the engine-side scoping of the
+    server adapter (filters, ids within a partition) and the server catalog."""
 
     one_tenant_per_collection = True
 
     @pytest.fixture
     def store_factory(self, tmp_path: Path) -> StoreFactory:
-        return lambda: TieredStore(
-            QdrantRemoteStore.local(tmp_path / "qdrant", schema=SCHEMA),
-            FilePlacementCatalog(tmp_path),
-            default_placement="shared",
-        )
+        return lambda: tiered(QdrantRemoteStore.local(tmp_path / "qdrant", schema=SCHEMA))
 
     @pytest.fixture
-    def store(self, tmp_path: Path) -> Iterator[VectorStore]:
-        store = TieredStore(
-            QdrantRemoteStore.local(schema=SCHEMA),
-            FilePlacementCatalog(tmp_path),
-            default_placement="shared",
-        )
+    def store(self) -> Iterator[VectorStore]:
+        store = tiered(QdrantRemoteStore.local(schema=SCHEMA))  # in memory: fast
         yield store
         store.close()
+
+    def test_the_catalog_collection_is_reserved(self, loaded: VectorStore) -> None:
+        assert isinstance(loaded, TieredStore)
+        assert CATALOG_COLLECTION in loaded.engine.list_collections()
+        assert CATALOG_COLLECTION not in loaded.list_collections()
+        with pytest.raises(StoreError, match="reserved"):
+            loaded.count(CATALOG_COLLECTION, StoreFilter("acme"))
+
+
+class SharedFirstRegistry(QdrantIndexRegistry):
+    """The server registry creating shared versions unless told otherwise (for the contract,
+    whose calls name no placement)."""
+
+    def create_version(
+        self,
+        tenant: str,
+        spec: EmbeddingSpec,
+        *,
+        sparse_encoder: str | None = None,
+        placement: Placement = "shared",
+    ) -> IndexManifest:
+        return super().create_version(
+            tenant, spec, sparse_encoder=sparse_encoder, placement=placement
+        )
+
+
+def shared_registry(remote: QdrantRemoteStore) -> SharedFirstRegistry:
+    store = tiered(remote)
+    return SharedFirstRegistry(remote, store=store, entries=CatalogEntries(remote))
+
+
+@pytest.mark.integration
+class TestQdrantLocalSharedRegistry(RegistryContract):
+    """The registry contract with every version a partition, on the server registry."""
+
+    @pytest.fixture
+    def registry_factory(self, tmp_path: Path) -> Iterator[RegistryFactory]:
+        remote = QdrantRemoteStore.local(tmp_path / "qdrant", schema=SCHEMA)
+        yield lambda: shared_registry(remote)
+        remote.close()
+
+    def test_a_shared_version_lives_in_catalog_entries_and_has_no_alias(
+        self, registry: IndexRegistry
+    ) -> None:
+        assert isinstance(registry, SharedFirstRegistry)
+        registry.create_version("acme", SPEC)
+        registry.mark_ready("acme", 1, total_vectors=3)
+        registry.activate("acme", 1)
+        remote = registry._catalog
+        assert isinstance(remote, QdrantRemoteStore)
+        assert remote.alias_target("rag__acme") is None
+        assert not remote.collection_exists("rag__acme__v1")
+        entries = CatalogEntries(remote)
+        assert entries.get("manifest", "rag__acme__v1")["status"] == "ready"
+        assert entries.get("active", "acme") == 1
+        assert entries.get("partition", "rag__acme__v1") == {"pool": "rag_pool__d8"}
+
+
+@pytest.mark.integration
+def test_the_active_pointer_moves_between_placements_atomically(tmp_path: Path) -> None:
+    """Promotion (shared -> dedicated), rollback (-> shared) and dropping a shared version on
+    the server registry; the alias decides whenever it exists."""
+    remote = QdrantRemoteStore.local(schema=SCHEMA)
+    try:
+        registry = shared_registry(remote)
+        store = registry._store
+        assert isinstance(store, TieredStore)
+        registry.create_version("acme", SPEC)  # shared
+        registry.mark_ready("acme", 1, total_vectors=0)
+        registry.activate("acme", 1)
+        registry.save_calibration("acme", 1, '{"fitted": 1}')
+        assert registry.create_version("acme", SPEC, placement="dedicated").version == 2
+        registry.mark_ready("acme", 2, total_vectors=0)
+        registry.activate("acme", 2)
+        assert remote.alias_target("rag__acme") == "rag__acme__v2"
+        assert CatalogEntries(remote).get("active", "acme") is None
+        assert registry.lookup("acme", None).version == 2
+        registry.activate("acme", 1)  # back to the shared version
+        assert remote.alias_target("rag__acme") is None
+        assert registry.lookup("acme", None).manifest.placement == "shared"
+        assert registry.load_calibration("acme", 1) == '{"fitted": 1}'
+        assert [m.placement for m in registry.list_versions("acme")] == ["shared", "dedicated"]
+        registry.activate("acme", 2)
+        registry.retire("acme", 1)
+        assert store.drop_collection("rag__acme__v1") is True
+        # the partition went with its manifest and calibration, as a collection's metadata does
+        assert [m.version for m in registry.list_versions("acme")] == [2]
+        assert registry.list_tenants() == ["acme"]
+    finally:
+        remote.close()
 
 
 @pytest.mark.integration

@@ -106,11 +106,11 @@ def test_only_tenant_versions_can_be_shared(store: TieredStore) -> None:
 
 def test_pools_cannot_be_addressed(store: TieredStore) -> None:
     pool = pool_name(DIM)
-    with pytest.raises(StoreError, match="shared pool"):
+    with pytest.raises(StoreError, match="reserved"):
         store.count(pool, StoreFilter("acme"))
-    with pytest.raises(StoreError, match="shared pool"):
+    with pytest.raises(StoreError, match="reserved"):
         store.drop_collection(pool)
-    with pytest.raises(StoreError, match="shared pool"):
+    with pytest.raises(StoreError, match="reserved"):
         store.ensure_collection(pool, DIM)
 
 
