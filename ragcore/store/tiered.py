@@ -41,6 +41,7 @@ from ragcore.store.base import (
     SparseVector,
     StoredPoint,
     StoreFilter,
+    VectorStore,
 )
 from ragcore.store.ids import (
     CATALOG_COLLECTION,
@@ -67,26 +68,13 @@ def is_pool(name: str) -> bool:
     return _POOL_RE.fullmatch(name) is not None
 
 
-class PartitionedEngine(Protocol):
-    """What `TieredStore` needs of an engine adapter (`EdgeStore`, `QdrantRemoteStore`)."""
+class PartitionedEngine(VectorStore, Protocol):
+    """What `TieredStore` needs of an engine adapter (`EdgeStore`, `QdrantRemoteStore`): the
+    port, with writes and fetches by id scoped to a partition, and a few catalog reads."""
 
     @property
     def schema(self) -> PayloadSchema:
         """Which payload fields are indexed."""
-        ...
-
-    def ensure_collection(
-        self, name: str, dimension: int, sparse: bool = True, *, placement: Placement = ...
-    ) -> None:
-        """Create or verify an engine collection."""
-        ...
-
-    def drop_collection(self, name: str) -> bool:
-        """Delete an engine collection."""
-        ...
-
-    def collection_exists(self, name: str) -> bool:
-        """True when the engine collection exists."""
         ...
 
     def list_collections(self) -> list[str]:
@@ -149,61 +137,6 @@ class PartitionedEngine(Protocol):
         partition: str | None = None,
     ) -> list[StoredPoint]:
         """Points by id (within `partition`)."""
-        ...
-
-    def search_dense(
-        self,
-        name: str,
-        vector: DenseVector,
-        filter: StoreFilter,
-        *,
-        limit: int,
-        with_vectors: bool = False,
-    ) -> list[ScoredHit]:
-        """Dense search."""
-        ...
-
-    def search_sparse(
-        self, name: str, sparse: SparseVector, filter: StoreFilter, *, limit: int
-    ) -> list[ScoredHit]:
-        """Sparse search."""
-        ...
-
-    def search_hybrid(
-        self,
-        name: str,
-        dense: DenseVector,
-        sparse: SparseVector,
-        filter: StoreFilter,
-        *,
-        limit: int,
-        prefetch_limit: int,
-    ) -> HybridResult:
-        """Both branches."""
-        ...
-
-    def count(self, name: str, filter: StoreFilter) -> int:
-        """Exact count."""
-        ...
-
-    def scroll(
-        self,
-        name: str,
-        filter: StoreFilter,
-        batch: int = 256,
-        with_vectors: bool = False,
-        *,
-        fields: Sequence[str] | None = None,
-    ) -> Iterator[StoredPoint]:
-        """Every matching point."""
-        ...
-
-    def optimize(self, name: str) -> bool:
-        """Build indexes now."""
-        ...
-
-    def close(self) -> None:
-        """Release resources."""
         ...
 
 
