@@ -86,12 +86,15 @@ def chunk_text(
     if not body.strip():
         return []
     structured = fmt in (ContentFormat.MARKDOWN, ContentFormat.HTML)
-    paragraphs = _paragraphs(body, structured=structured, fenced=fmt is ContentFormat.MARKDOWN)
     packer = _Packer(body, counter, config)
-    atoms = packer.atoms(paragraphs)
-    sections = _SectionIndex(paragraphs) if structured else None
+    spans = None if structured else packer.whole_if_it_fits()
+    sections = None
+    if spans is None:
+        paragraphs = _paragraphs(body, structured=structured, fenced=fmt is ContentFormat.MARKDOWN)
+        spans = packer.pack(packer.atoms(paragraphs))
+        sections = _SectionIndex(paragraphs) if structured else None
     chunks: list[Chunk] = []
-    for start, end, tokens in packer.pack(atoms):
+    for start, end, tokens in spans:
         index = len(chunks)
         chunks.append(
             Chunk(
@@ -299,6 +302,22 @@ class _Packer:
 
     def __post_init__(self) -> None:
         self._starts = self.counter.token_starts(self.text)
+
+    def whole_if_it_fits(self) -> list[tuple[int, int, int]] | None:
+        """The one chunk of a plain text whose tokens, counted from one encoding, fit the
+        budget: what packing its sentences would give (the count of a context-free tokenizer
+        is the sum of its parts', so every sentence would fit into one chunk spanning the text
+        without its outer whitespace), without splitting it into sentences first. None when
+        the counter is not context-free or the text does not fit."""
+        if self._starts is None:
+            return None
+        text = self.text
+        start = len(text) - len(text.lstrip())
+        end = len(text.rstrip())
+        if start >= end:
+            return None
+        tokens = self.count(start, end)
+        return [(start, end, tokens)] if tokens <= self.budget else None
 
     def count(self, start: int, end: int) -> int:
         """Tokens of `text[start:end]`: from the whole text's token offsets when the counter

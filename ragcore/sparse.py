@@ -38,6 +38,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -180,6 +181,7 @@ class Bm25Encoder:
         self._stem = _stems(self.config.stemmer).stem if self.config.stemmer else None
         self._counts = lru_cache(maxsize=4096)(self._count)
         self._word_tokens = lru_cache(maxsize=1 << 17)(self._tokens_of)
+        self._word_indices = lru_cache(maxsize=1 << 17)(self._indices_of)
 
     @property
     def model_version(self) -> str:
@@ -221,6 +223,12 @@ class Bm25Encoder:
         limit = self.config.max_token_len
         return tuple(t for t in tokens if len(t) <= limit)
 
+    def _indices_of(self, surface_word: str) -> tuple[int, ...]:
+        """The sparse indices of one surface word's tokens (memoized in `_word_indices`: the
+        document encoder's hot path, one lookup per word instead of a `Word` and a hash per
+        token)."""
+        return tuple(token_index(t) for t in self._word_tokens(surface_word.lower()))
+
     def counts(self, text: str) -> tuple[Counter[str], int]:
         """Token counts and surface length of a text (cached: Retrieve scores the same chunks
         again and again; treat the Counter as read-only)."""
@@ -243,14 +251,19 @@ class Bm25Encoder:
         return list(dict.fromkeys(w.tokens[0] for w in self.surface(text) if w.identifier))
 
     def encode_document(self, text: str) -> SparseVector:
-        """BM25 document weights; the document length is its number of surface words."""
-        words = self.surface(text, identifiers=False)
-        if not words:
+        """BM25 document weights; the document length is its number of surface words (those
+        with tokens: the words of `surface`)."""
+        per_word = [self._word_indices(w) for w in _COMPOUND.findall(text)]
+        per_word = [indices for indices in per_word if indices]
+        if not per_word:
             return SparseVector((), ())
-        counts: Counter[int] = Counter(token_index(t) for word in words for t in word.tokens)
-        doc_len = float(len(words))
+        counts = Counter(chain.from_iterable(per_word))
+        # bm25_weight with its constants hoisted out of the loop (same arithmetic)
+        c = self.config
+        k1_plus_1 = c.k1 + 1.0
+        k1_norm = c.k1 * (1.0 - c.b + c.b * float(len(per_word)) / c.avgdl)
         return SparseVector.from_mapping(
-            {index: bm25_weight(tf, doc_len, self.config) for index, tf in counts.items()}
+            {index: tf * k1_plus_1 / (tf + k1_norm) for index, tf in counts.items()}
         )
 
     def encode_query(self, text: str) -> SparseVector:

@@ -118,16 +118,19 @@ class SparseVector:
     values: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "indices", tuple(int(i) for i in self.indices))
-        object.__setattr__(self, "values", tuple(float(v) for v in self.values))
-        if len(self.indices) != len(self.values):
+        indices = tuple(map(int, self.indices))
+        values = tuple(map(float, self.values))
+        object.__setattr__(self, "indices", indices)
+        object.__setattr__(self, "values", values)
+        if len(indices) != len(values):
             raise ValueError("sparse vector: indices and values differ in length")
-        previous = -1
-        for index in self.indices:
-            if index <= previous or index > 0xFFFFFFFF:
-                raise ValueError("sparse vector: indices must be increasing u32 values")
-            previous = index
-        if not all(math.isfinite(v) for v in self.values):
+        if indices and (
+            indices[0] < 0
+            or indices[-1] > 0xFFFFFFFF
+            or not all(map(int.__lt__, indices, indices[1:]))
+        ):
+            raise ValueError("sparse vector: indices must be increasing u32 values")
+        if not all(map(math.isfinite, values)):
             raise ValueError("sparse vector: values must be finite")
 
     @classmethod

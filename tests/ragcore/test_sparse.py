@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ragcore.sparse as sparse_module
 from ragcore.sparse import (
@@ -18,6 +21,7 @@ from ragcore.sparse import (
     is_identifier,
     token_index,
 )
+from ragcore.store.base import SparseVector
 
 pytestmark = pytest.mark.unit
 
@@ -220,3 +224,28 @@ def test_bm25_weight_and_idf_formulas() -> None:
     config = Bm25Config(k1=1.5, b=0.0)
     assert bm25_weight(3, 999, config) == pytest.approx(3 * 2.5 / (3 + 1.5))
     assert idf(10, 1) == pytest.approx(math.log(1 + 9.5 / 1.5))
+
+
+_PIECES = [
+    "a", "the", "and", "Pump", "pumps", "İstanbul", "straße", "ǅemal", "café", "E-2113",
+    "GX-PMP-4200", "v2.3.1", "x_y", "config.key", "30-day", "24h", "0", "9", " ", " ", "-",
+    ".", "/", ":", "_", ",", "\n",
+]  # fmt: skip
+_WORDY = st.lists(st.sampled_from(_PIECES), max_size=80).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=_WORDY | st.text(max_size=200))
+def test_document_encoding_equals_bm25_over_the_surface_words(text: str) -> None:
+    """The encoder's fast path (a memo of indices per surface word, constants hoisted) gives the
+    vector of the definition: BM25 term weights over `surface`'s tokens, its words the length."""
+    encoder = Bm25Encoder()
+    words = encoder.surface(text, identifiers=False)
+    counts = Counter(token_index(t) for w in words for t in w.tokens)
+    length = float(len(words))
+    expected = SparseVector.from_mapping(
+        {i: bm25_weight(tf, length, encoder.config) for i, tf in counts.items()}
+    )
+    got = encoder.encode_document(text)
+    assert got.indices == expected.indices
+    assert got.values == pytest.approx(expected.values, rel=1e-12)
