@@ -21,6 +21,7 @@ from ragcore.sparse import Bm25Encoder
 from ragcore.store.base import PARTITION, PointRecord, StoreFilter
 from ragcore.store.edge import EdgeStore
 from ragcore.store.ids import collection_name, parse_collection_name, point_id
+from ragcore.store.qdrant_remote import CatalogEntries, QdrantRemoteStore, ServerPlacementCatalog
 from ragcore.store.tiered import FilePlacementCatalog, TieredStore, is_pool, pool_name
 
 pytestmark = pytest.mark.integration
@@ -65,8 +66,13 @@ def point(collection: str, key: int, tag: int) -> PointRecord:
     )
 
 
-def open_store(root: Path) -> TieredStore:
-    return TieredStore(EdgeStore(root), FilePlacementCatalog(root))
+def open_store(root: Path, engine: str = "edge") -> TieredStore:
+    """The tiered store on qdrant-edge (catalog in files) or on qdrant-client's local mode,
+    which implements the server's API (catalog in the `rag_catalog` collection)."""
+    if engine == "edge":
+        return TieredStore(EdgeStore(root), FilePlacementCatalog(root))
+    remote = QdrantRemoteStore.local()
+    return TieredStore(remote, ServerPlacementCatalog(CatalogEntries(remote)))
 
 
 @pytest.fixture
@@ -179,14 +185,15 @@ operation = st.one_of(
 )
 
 
+@pytest.mark.parametrize("engine", ["edge", "qdrant-local"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(operations=st.lists(operation, min_size=1, max_size=14))
 def test_no_operation_reaches_across_partitions_or_tenants(
-    operations: list[tuple[str, str, object]],
+    engine: str, operations: list[tuple[str, str, object]]
 ) -> None:
     model: dict[str, dict[int, int]] = {c: {} for c in COLLECTIONS}
     with tempfile.TemporaryDirectory() as tmp:
-        store = open_store(Path(tmp))
+        store = open_store(Path(tmp), engine)
         try:
             for name, placement in PLACED.items():
                 store.ensure_collection(name, DIM, placement=placement)  # type: ignore[arg-type]
