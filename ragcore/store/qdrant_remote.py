@@ -528,9 +528,17 @@ class CatalogEntries:
     def _id(kind: str, key: str) -> str:
         return str(uuid.uuid5(_CATALOG_NAMESPACE, json.dumps([kind, key])))
 
+    def _present(self) -> bool:
+        """True once the catalog collection exists (reads never create it: a deployment
+        without shared versions, or a reader without the right to create, has none)."""
+        if not self._ready:
+            name = CATALOG_COLLECTION
+            self._ready = _vendor(f"exists {name}", lambda: self._client.collection_exists(name))
+        return self._ready
+
     def _ensure(self) -> None:
         with self._lock:
-            if self._ready:
+            if self._present():
                 return
             name = CATALOG_COLLECTION
             if not _vendor(f"exists {name}", lambda: self._client.collection_exists(name)):
@@ -559,7 +567,8 @@ class CatalogEntries:
 
     def get(self, kind: str, key: str) -> Any:
         """The entry's value, or None."""
-        self._ensure()
+        if not self._present():
+            return None
         records = _vendor(
             f"catalog get {kind}:{key}",
             lambda: self._client.retrieve(
@@ -588,7 +597,8 @@ class CatalogEntries:
 
     def delete(self, *, key: str, kind: str | None = None) -> None:
         """Delete the entry of (kind, key), or with no kind every entry of `key`."""
-        self._ensure()
+        if not self._present():
+            return
         must: list[Any] = [models.FieldCondition(key="key", match=models.MatchValue(value=key))]
         if kind is not None:
             must.append(models.FieldCondition(key="kind", match=models.MatchValue(value=kind)))
@@ -600,7 +610,8 @@ class CatalogEntries:
 
     def scan(self, kind: str, tenant: str | None = None) -> dict[str, Any]:
         """key -> value of every entry of `kind` (of one tenant, when given)."""
-        self._ensure()
+        if not self._present():
+            return {}
         must: list[Any] = [models.FieldCondition(key="kind", match=models.MatchValue(value=kind))]
         if tenant is not None:
             must.append(models.FieldCondition(key="tenant", match=models.MatchValue(value=tenant)))

@@ -305,3 +305,19 @@ class TestQdrantServerRegistry(RegistryContract):
         for store in stores:
             store.close()
         _clean_server()
+
+
+@pytest.mark.integration
+def test_reads_of_dedicated_collections_never_create_the_catalog() -> None:
+    """A server deployment without shared versions (or a reader without the right to create
+    collections) never gets a `rag_catalog` collection from lookups alone."""
+    remote = QdrantRemoteStore.local(schema=SCHEMA)
+    try:
+        store = TieredStore(remote, ServerPlacementCatalog(CatalogEntries(remote)))
+        store.ensure_collection("rag__acme__v1", DIM, placement="dedicated")
+        assert store.count("rag__acme__v1", StoreFilter("acme")) == 0
+        assert store.placement_of("rag__acme__v1") == "dedicated"
+        assert store.list_collections() == ["rag__acme__v1"]
+        assert remote.list_collections() == ["rag__acme__v1"]
+    finally:
+        remote.close()
