@@ -37,11 +37,6 @@ CHART_DASHBOARD_FILE = CHART_DIR / "files" / "dashboards" / "ragstream.json"
 
 INSTALL_HINT = "run scripts/install-tools.sh (installs helm, promtool and kubernetes-validate)"
 
-#: Metrics whose names are fixed but whose code does not exist yet (name -> type).
-PLANNED_METRICS: dict[str, str] = {
-    "ragstream_reconcile_drift_entities": "gauge",
-    "ragstream_reconcile_last_run_timestamp_seconds": "gauge",
-}
 #: Metrics exported by other components the alerts and dashboard may use (name -> type).
 EXTERNAL_METRICS: dict[str, str] = {
     # danielqsj/kafka-exporter: consumer-group lag per topic partition.
@@ -99,9 +94,11 @@ def code_metric_families() -> dict[str, str]:
     from retrieval_api.metrics import RetrieveMetrics
     from retrieval_api.server import GrpcMetrics
     from streams.metrics import IngestMetrics
+    from streams.reconcile import ReconcileMetrics
 
     registry = CollectorRegistry()
     IngestMetrics(registry)
+    ReconcileMetrics(registry)
     EmbeddingCacheMetrics(registry)
     RetrieveMetrics(registry)
     GrpcMetrics(registry)
@@ -119,7 +116,7 @@ def exposed_names(families: Mapping[str, str]) -> set[str]:
 
 def known_sample_names() -> set[str]:
     """Sample names the dashboard and the alert rules may reference."""
-    return exposed_names({**code_metric_families(), **PLANNED_METRICS, **EXTERNAL_METRICS})
+    return exposed_names({**code_metric_families(), **EXTERNAL_METRICS})
 
 
 _PROMQL_KEYWORDS = frozenset(

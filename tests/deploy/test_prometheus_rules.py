@@ -33,6 +33,7 @@ EXPECTED_ALERTS = {
     "RagstreamRetrieveLatencyHigh",
     "RagstreamRetrieveStaleExclusionSpike",
     "RagstreamReconcileDrift",
+    "RagstreamTenantsDueForPromotion",
 }
 
 
