@@ -158,6 +158,9 @@ class _OneVersion:
         """The tenant being rebuilt."""
         return [self._tenant]
 
+    def invalidate(self) -> None:
+        """Nothing cached: the version being built is the only target."""
+
 
 def _building_version(
     registry: IndexRegistry,

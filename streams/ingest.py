@@ -28,6 +28,8 @@ from ragcore.errors import (
     MappingError,
     RecordTooLargeError,
     SorTableError,
+    StoreError,
+    StoreUnavailableError,
 )
 from ragcore.mapping import table_of_entity
 from ragcore.plan import Action, Plan
@@ -81,6 +83,10 @@ class IndexTargets(Protocol):
 
     def known_tenants(self) -> Sequence[str]:
         """Every tenant that has an index (to delete an entity whose tenant is unknown)."""
+        ...
+
+    def invalidate(self) -> None:
+        """Forget cached resolutions (the next `write_targets` reads the registry)."""
         ...
 
 
@@ -235,12 +241,30 @@ class IngestHandler:
         applied: list[_Work] = []
         for segment in self._plan_batch(records, letters):
             with self._lock:
-                applied += self._apply(segment, letters)
+                applied += self._apply_refreshing(segment, letters)
         now = self._clock()
         for item in applied:
             if item.plan.source_ts_ms is not None:
                 self._metrics.freshness.observe(max(0.0, now - item.plan.source_ts_ms / 1000))
         return letters
+
+    def _apply_refreshing(self, segment: list[_Work], letters: list[DeadLetter]) -> list[_Work]:
+        """`_apply`, retried once with fresh index targets after a store error: a version
+        retired and dropped by a reindex may still be among the cached targets for a moment
+        (every write is idempotent, so the retry repeats nothing harmful). A second failure,
+        or a store outage, is the caller's (fatal, or retried with backoff)."""
+        attempt: list[DeadLetter] = []
+        try:
+            done = self._apply(segment, attempt)
+        except StoreUnavailableError:
+            raise
+        except StoreError as exc:
+            log.warning("store error (%s): re-reading the index targets, retrying once", exc)
+            self._targets.invalidate()
+            attempt = []
+            done = self._apply(segment, attempt)
+        letters.extend(attempt)
+        return done
 
     def reread(self, tenant_id: str, entity_ids: Sequence[str], reason: str) -> list[Rejection]:
         """Re-read entities from the SoR and apply what it says now (upsert, or delete when the

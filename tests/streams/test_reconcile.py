@@ -19,6 +19,7 @@ from pydantic import SecretStr
 
 from ragcore.kafka_config import KafkaSettings
 from ragcore.settings import SorSettings, StoreSettings
+from ragcore.sparse import Bm25Encoder
 from ragcore.store.base import Placement, StoreFilter
 from ragcore.store.edge import EdgeStore
 from ragdev.services.postgres import PostgresCluster
@@ -182,3 +183,25 @@ def test_placement_gauges_count_tenants_and_due_promotions() -> None:
     assert gauge("ragstream_tenants", {"placement": "shared"}) == 2
     assert gauge("ragstream_tenants", {"placement": "dedicated"}) == 1
     assert gauge("ragstream_tenants_due_for_promotion") == 1
+
+
+def test_a_write_to_a_version_a_reindex_dropped_is_retried_on_fresh_targets(
+    env: Env, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's cached targets may still name a version that a reindex retired and
+    dropped; the batch is applied again on targets re-read from the registry instead of
+    ending the consumer loop."""
+    env.put("ent-0", "Pump valve calibration report.")
+    monkeypatch.setattr("streams.wiring.time.monotonic", lambda: 0.0)  # the cache never expires
+    env.put("ent-1", "Second report, still on version one.")  # cached: [v1]
+    registry, store = env.worker.registry, env.store
+    registry.create_version("acme", HashEmbedder().spec, sparse_encoder=Bm25Encoder().model_version)
+    registry.mark_ready("acme", 2, total_vectors=0)
+    registry.activate("acme", 2)
+    registry.retire("acme", 1)
+    assert store.drop_collection("rag__acme__v1")
+    with caplog.at_level("WARNING", logger="streams.ingest"):
+        env.put("ent-2", "Third report, after the switch.")
+    assert "re-reading the index targets" in caplog.text
+    only = StoreFilter(tenant_id="acme", entity_ids=(eid("ent-2"),))
+    assert store.count("rag__acme__v2", only) == 1
