@@ -20,6 +20,7 @@ import secrets
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +32,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from pydantic import SecretStr
 
 from ragcore.embedders import build_embedder
+from ragcore.embedders.base import Embedder
 from ragcore.embedders.cache import EmbeddingCacheConfig
 from ragcore.embedders.local_onnx import LocalEmbedderConfig
 from ragcore.errors import ConfigError, RagstreamError
@@ -48,6 +50,8 @@ from ragdev.sor.postgres_writer import PostgresWriter
 from ragdev.sor.rows import SorWriter
 from ragstream.query import QueryError, print_pack, query
 from retrieval_api.app import build_app
+from retrieval_api.calibration import calibrate_version
+from retrieval_api.service import Retriever
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from streams.app import build_worker
 from streams.consumer import ConsumerConfig
@@ -363,6 +367,7 @@ def _serve_stack(
         reconcile_thread.start()
         total = source.publish()
         _wait_indexed(registry, total)
+        _calibrate(app.retriever, embedder, tenants)
         (data_dir / STACK_FILE).write_text(
             json.dumps(
                 {
@@ -386,6 +391,30 @@ def _serve_stack(
         store.close()
     print("stopped cleanly", flush=True)
     return 0
+
+
+def _calibrate(retriever: Retriever, embedder: Embedder, tenants: Sequence[str]) -> None:
+    """Fit the evidence calibration of each tenant's active index once it is indexed, as a
+    reindex does (`ragstream calibrate`), so that the stack scores with a fitted model rather
+    than the prior; a version calibrated by an earlier start is kept."""
+    for tenant in tenants:
+        index = retriever.registry.lookup(tenant, None)
+        if retriever.registry.load_calibration(tenant, index.version) is not None:
+            continue
+        started = time.perf_counter()
+        fitted = calibrate_version(
+            retriever.search,
+            retriever.registry,
+            index,
+            embedder,
+            retriever.store,
+            with_rerank=retriever.reranks,
+        )
+        print(
+            f"  calibrated {index.collection}: order {fitted.ranking.label}, hard threshold "
+            f"{fitted.thresholds.hard:.3f} ({time.perf_counter() - started:.1f} s)",
+            flush=True,
+        )
 
 
 def _wait_indexed(registry: CollectorRegistry, total: int) -> None:

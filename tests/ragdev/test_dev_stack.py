@@ -102,8 +102,11 @@ def test_dev_stack_serves_reflects_changes_within_seconds_and_stops_cleanly(
         assert "loaded 20 sample rows into table entities" in out
         assert "loaded 20 sample rows into table tickets" in out
         assert "SUCCESS  tenant=acme" in out  # the example queries ran
+        # each tenant's index is calibrated once indexed: scored by a fitted model, not the prior
+        assert "calibrated rag__acme__v1" in out and "calibrated rag__globex__v1" in out
         pack = dev.query("acme", "If a customer cancels a yearly plan, do they get money back?")
         assert pack["status"] == "RETRIEVAL_STATUS_SUCCESS"
+        assert pack["calibration"]["source"] == "fitted", pack["calibration"]
         assert entity_ids(pack)[0] == "entities:acme-kb-refund-policy"
 
         # the second table: a ticket written through the CLI is found, as a ticket
@@ -170,6 +173,7 @@ def test_dev_stack_serves_reflects_changes_within_seconds_and_stops_cleanly(
     try:
         again.wait_up()
         assert "sample rows" not in again.output()  # the SoR was kept, not reloaded
+        assert "calibrated rag__" not in again.output()  # and so was each index's calibration
         assert entity_ids(again.query("acme", "refund after cancelling a yearly plan"))
         assert again.stop() == 0
     finally:
