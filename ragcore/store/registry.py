@@ -180,8 +180,8 @@ class IndexRegistry(ABC):
         """The active version number, or None."""
 
     @abstractmethod
-    def _set_active(self, tenant: str, version: int) -> None:
-        """Atomically point the tenant at `version`."""
+    def _set_active(self, manifest: IndexManifest) -> None:
+        """Atomically point the manifest's tenant at its version."""
 
     @abstractmethod
     def _write_calibration(self, manifest: IndexManifest, text: str) -> None:
@@ -272,7 +272,7 @@ class IndexRegistry(ABC):
             current = self.manifest(tenant, version)
             if current.status != "ready":
                 raise StoreError(f"{current.index_name} is {current.status}, not ready")
-            self._set_active(tenant, version)
+            self._set_active(current)
 
     def retire(self, tenant: str, version: int) -> IndexManifest:
         """Mark a non-active version retired (its data stays until dropped)."""
@@ -458,8 +458,8 @@ class FileIndexRegistry(IndexRegistry):
             raise StoreError(f"corrupt active pointer {path}: {text!r}")
         return int(text)
 
-    def _set_active(self, tenant: str, version: int) -> None:
-        atomic_write(self._dir(tenant) / "active", f"{version}\n")
+    def _set_active(self, manifest: IndexManifest) -> None:
+        atomic_write(self._dir(manifest.tenant) / "active", f"{manifest.version}\n")
 
     def _calibration_file(self, manifest: IndexManifest) -> Path:
         return self._dir(manifest.tenant) / f"v{manifest.version}.calibration.json"
@@ -666,9 +666,9 @@ class QdrantIndexRegistry(IndexRegistry):
             raise StoreError(f"alias {alias_name(tenant)} points at foreign collection {target!r}")
         return parsed[1]
 
-    def _set_active(self, tenant: str, version: int) -> None:
-        manifest = self._read(tenant, version)
-        if manifest is not None and manifest.placement == "shared":
+    def _set_active(self, manifest: IndexManifest) -> None:
+        tenant, version = manifest.tenant, manifest.version
+        if manifest.placement == "shared":
             if self._entries is None:
                 raise StoreError(f"{manifest.index_name}: no catalog for shared versions")
             self._entries.put("active", tenant, version, tenant=tenant)

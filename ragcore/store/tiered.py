@@ -300,7 +300,9 @@ class TieredStore:
 
     def placement_of(self, name: str) -> Placement | None:
         """Where the logical collection lives, or None when it does not exist."""
-        collection, partition = self._where(name)
+        return self._placement(*self._where(name))
+
+    def _placement(self, collection: str, partition: str | None) -> Placement | None:
         if partition is not None:
             return "shared"
         return "dedicated" if self._engine.collection_exists(collection) else None
@@ -326,7 +328,7 @@ class TieredStore:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         with self._lock:
             collection, partition = self._where(name)
-            current = self.placement_of(name)
+            current = self._placement(collection, partition)
             if placement is None:
                 placement = current or self._default
             if current is not None and current != placement:

@@ -40,7 +40,7 @@ import sqlite3
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -113,6 +113,38 @@ def chunk_locator(index: int, offset: int, text: str) -> dict[str, Any]:
         "section_path": [],
         "extracted_from": None,
     }
+
+
+def paragraph_points(
+    fields: Mapping[str, Any],
+    entity_id: str,
+    chunks: Sequence[tuple[str, Any, SparseVector]],
+    index_version: int,
+) -> list[PointRecord]:
+    """The points of a generated entity whose content is its chunks' texts joined by blank
+    lines: (text, dense vector, sparse vector) per chunk, in order, under the worker's payload
+    layout (`ragcore.store.points.chunk_point`)."""
+    points = []
+    offset = 0
+    for index, (text, dense, sparse) in enumerate(chunks):
+        points.append(
+            chunk_point(
+                fields,
+                tenant_id=TENANT,
+                entity_id=entity_id,
+                source_table=table_of_entity(entity_id),
+                chunk_id=f"{entity_id}:chunk:{index}",
+                chunk_index=index,
+                chunk_count=len(chunks),
+                locator=chunk_locator(index, offset, text),
+                text=text,
+                index_version=index_version,
+                dense=dense,
+                sparse=sparse,
+            )
+        )
+        offset += len(text) + 2
+    return points
 
 
 # --- variants --------------------------------------------------------------------------------
@@ -308,26 +340,15 @@ def _build(
                             updated_at_us=int(clock.timestamp() * 1_000_000), lsn=lsn
                         ),
                     )
-                    offset = 0
-                    for index, (text, sparse) in enumerate(chunks):
-                        batch.append(
-                            chunk_point(
-                                fields,
-                                tenant_id=TENANT,
-                                entity_id=entity_id,
-                                source_table=table_of_entity(entity_id),
-                                chunk_id=f"{entity_id}:chunk:{index}",
-                                chunk_index=index,
-                                chunk_count=n_chunks,
-                                locator=chunk_locator(index, offset, text),
-                                text=text,
-                                index_version=index_version,
-                                dense=vectors[index],
-                                sparse=sparse,
-                            )
+                    batch.extend(
+                        paragraph_points(
+                            fields,
+                            entity_id,
+                            [(t, vectors[i], sp) for i, (t, sp) in enumerate(chunks)],
+                            index_version,
                         )
-                        offset += len(text) + 2
-                        text_chars_total += len(text)
+                    )
+                    text_chars_total += sum(len(text) for text, _ in chunks)
                     rows.append(
                         (
                             key,

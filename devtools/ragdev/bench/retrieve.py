@@ -60,7 +60,7 @@ from prometheus_client import CollectorRegistry
 from ragcore.embedders.base import Embedder
 from ragcore.embedders.local_onnx import MINILM_SPEC, LocalEmbedderConfig, LocalOnnxEmbedder
 from ragcore.errors import ConfigError, RagstreamError
-from ragcore.mapping import TableCatalog, TableMapping, table_of_entity
+from ragcore.mapping import TableCatalog, TableMapping
 from ragcore.normalize import content_sha256
 from ragcore.plan import PlanConfig
 from ragcore.resources import package_dir
@@ -71,12 +71,12 @@ from ragcore.store.base import (
     PointRecord,
 )
 from ragcore.store.edge import EdgeStore
-from ragcore.store.points import chunk_point, rfc3339, row_fields
+from ragcore.store.points import rfc3339, row_fields
 from ragcore.store.registry import FileIndexRegistry
 from ragcore.wiring import payload_schema
 from ragdev.bench.ingest import prose_paragraphs
 from ragdev.bench.machine import emit, flat, int_list, machine_info, percentiles, run_dir
-from ragdev.bench.reconcile import chunk_locator
+from ragdev.bench.reconcile import paragraph_points
 from retrieval_api.app import RetrieveApp, build_app
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.entities import Entity, EntityVersion
@@ -289,28 +289,14 @@ class _Builder:
                 updated_at_us=int(self.clock.timestamp() * 1_000_000), lsn=self.lsn
             ),
         )
-        points = []
-        offset = 0
-        for index, (text, vector) in enumerate(chunks):
-            points.append(
-                chunk_point(
-                    fields,
-                    tenant_id=TENANT,
-                    entity_id=entity_id,
-                    source_table=table_of_entity(entity_id),
-                    chunk_id=f"{entity_id}:chunk:{index}",
-                    chunk_index=index,
-                    chunk_count=n_chunks,
-                    locator=chunk_locator(index, offset, text),
-                    text=text,
-                    index_version=version,
-                    dense=vector,
-                    sparse=self.sparse.encode_document(text),
-                )
-            )
-            offset += len(text) + 2
-            self.words += len(text.split())
-            self.chunks += 1
+        points = paragraph_points(
+            fields,
+            entity_id,
+            [(text, vector, self.sparse.encode_document(text)) for text, vector in chunks],
+            version,
+        )
+        self.words += sum(len(text.split()) for text, _ in chunks)
+        self.chunks += len(chunks)
         row = (
             key,
             TENANT,
