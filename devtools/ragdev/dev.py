@@ -49,8 +49,8 @@ from ragdev.sor.embedded import EmbeddedSor
 from ragdev.sor.postgres_writer import PostgresWriter
 from ragdev.sor.rows import SorWriter
 from ragstream.query import QueryError, print_pack, query
+from ragstream.reindex import calibrate_with
 from retrieval_api.app import build_app
-from retrieval_api.calibration import calibrate_version
 from retrieval_api.service import Retriever
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from streams.app import build_worker
@@ -397,22 +397,16 @@ def _calibrate(retriever: Retriever, embedder: Embedder, tenants: Sequence[str])
     """Fit the evidence calibration of each tenant's active index once it is indexed, as a
     reindex does (`ragstream calibrate`), so that the stack scores with a fitted model rather
     than the prior; a version calibrated by an earlier start is kept."""
+    calibrate = calibrate_with(retriever, embedder)
     for tenant in tenants:
         index = retriever.registry.lookup(tenant, None)
         if retriever.registry.load_calibration(tenant, index.version) is not None:
             continue
         started = time.perf_counter()
-        fitted = calibrate_version(
-            retriever.search,
-            retriever.registry,
-            index,
-            embedder,
-            retriever.store,
-            with_rerank=retriever.reranks,
-        )
+        fitted = calibrate(tenant, index.version, lambda _line: None)
         print(
-            f"  calibrated {index.collection}: order {fitted.ranking.label}, hard threshold "
-            f"{fitted.thresholds.hard:.3f} ({time.perf_counter() - started:.1f} s)",
+            f"  calibrated {index.collection}: order {fitted['order']}, hard threshold "
+            f"{fitted['hard_threshold']:.3f} ({time.perf_counter() - started:.1f} s)",
             flush=True,
         )
 
