@@ -21,6 +21,7 @@ from ragcore.store.base import VectorStore
 from ragcore.store.registry import IndexRegistry
 from ragcore.wiring import Closable, build_core
 from retrieval_api.metrics import RetrieveMetrics
+from retrieval_api.processes import RetrieveProcesses
 from retrieval_api.server import Authenticator, RetrieveServer
 from retrieval_api.service import Retriever
 from retrieval_api.settings import RetrieveSettings
@@ -190,6 +191,8 @@ def main() -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     settings = RetrieveSettings()
+    if settings.grpc.processes > 1:
+        return _serve_processes(settings)
     registry = CollectorRegistry()
     try:
         app = build_app(settings, registry)
@@ -203,3 +206,27 @@ def main() -> int:
     finally:
         app.close()
     return 0
+
+
+def _serve_processes(settings: RetrieveSettings) -> int:
+    """`grpc.processes` server processes on one port (retrieval_api.processes) until
+    SIGTERM/SIGINT; 1 when one of them died on its own (all are then stopped)."""
+    group = RetrieveProcesses(settings)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        group.start()
+    except RagstreamError as exc:
+        log.error("cannot start: [%s] %s", exc.code, exc)
+        return 2
+    try:
+        if settings.metrics_port:
+            start_http_server(
+                settings.metrics_port, settings.metrics_host, registry=group.metrics_registry()
+            )
+        died = group.wait(stop)
+    finally:
+        log.info("shutting down: draining in-flight requests in every server process")
+        group.stop()
+    return 0 if died is None else 1

@@ -135,21 +135,39 @@ class CandidateSearch:
         self._rerank = rerank
         self._monotonic = monotonic
         self._cache: dict[str, _Cached] = {}
+        self._loading: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
     # --- calibration ------------------------------------------------------------------------
 
     def calibration(self, index: ResolvedIndex) -> EvidenceCalibration:
-        """The index version's calibration (cached), or the prior over its own statistics."""
-        now = self._monotonic()
+        """The index version's calibration (cached), or the prior over its own statistics.
+
+        One load per collection at a time: concurrent requests for a collection whose entry
+        is missing or expired wait for the one load in flight (the prior scans every chunk
+        text of the index; a burst of cold requests each scanning it missed their deadlines).
+        """
         with self._lock:
-            cached = self._cache.get(index.collection)
-            if cached is not None and now - cached.loaded_at < cached.ttl:
-                return cached.calibration
-        calibration, ttl = self._load(index)
-        with self._lock:
-            self._cache[index.collection] = _Cached(calibration, now, ttl)
-        return calibration
+            cached = self._fresh(index.collection)
+            if cached is not None:
+                return cached
+            loading = self._loading.setdefault(index.collection, threading.Lock())
+        with loading:
+            with self._lock:
+                cached = self._fresh(index.collection)  # loaded while this one waited
+            if cached is not None:
+                return cached
+            now = self._monotonic()
+            calibration, ttl = self._load(index)
+            with self._lock:
+                self._cache[index.collection] = _Cached(calibration, now, ttl)
+            return calibration
+
+    def _fresh(self, collection: str) -> EvidenceCalibration | None:
+        cached = self._cache.get(collection)
+        if cached is not None and self._monotonic() - cached.loaded_at < cached.ttl:
+            return cached.calibration
+        return None
 
     def forget(self, collection: str) -> None:
         """Drop a cached calibration (e.g. right after `save_calibration`)."""

@@ -26,6 +26,13 @@ class GrpcSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=50051, ge=0, le=65535)
     workers: int = Field(default=4, ge=1, description="Threads running the blocking stages.")
+    processes: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Server processes sharing the port (SO_REUSEPORT). Above 1, an embedded "
+        "store is opened by a parent process and served to them; size it to the cores.",
+    )
     max_concurrent_rpcs: int = Field(default=64, ge=1)
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None

@@ -4,7 +4,9 @@ reproducible, used by Retrieve; and the dev stack's showcase identifier query th
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -168,3 +170,30 @@ def test_showcase_identifier_query_returns_a_chunk_holding_the_identifier_first(
         assert row.status is Status.SUCCESS
         assert row.top_entities[0].startswith("release-"), row.top_entities
         assert set(row.top_entities[:3]) == {"release-0", "release-1", "release-2"}
+
+
+def test_a_burst_of_cold_requests_loads_a_calibration_once(
+    index: tuple[EdgeStore, FileIndexRegistry, ResolvedIndex], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the multi-process benchmark: 16 cold requests each scanned the whole index for
+    the prior and all missed their deadlines. Concurrent misses now wait for one load."""
+    store, registry, resolved = index
+    search = CandidateSearch(
+        config=RetrievalConfig(), encoder=Bm25Encoder(), store=store, registry=registry
+    )
+    loads: list[int] = []
+    real = registry.load_calibration
+
+    def slow(tenant: str, version: int) -> str | None:
+        loads.append(version)
+        time.sleep(0.3)  # a load long enough for every other thread to miss the cache
+        return real(tenant, version)
+
+    monkeypatch.setattr(registry, "load_calibration", slow)
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: search.calibration(resolved), range(8)))
+    assert loads == [resolved.version]
+    assert len({id(c) for c in got}) == 1
+    search.forget(resolved.collection)
+    search.calibration(resolved)
+    assert len(loads) == 2  # forgetting still forces a reload

@@ -1,6 +1,8 @@
 """The Retrieve benchmark's load generator, in a process of its own (so it does not share the
-server's GIL or CPU accounting): N client threads over one loopback gRPC channel, one blocking
-call in flight per thread, each query of a file sent once.
+server's GIL or CPU accounting): N client threads, each with a loopback gRPC channel (and so a
+TCP connection) of its own, like N independent callers, one blocking call in flight per
+thread, each query of a file sent once. Own connections matter with several server processes
+on one port: the kernel spreads connections, not calls, over them.
 
 `python -m ragdev.bench.loadgen --target 127.0.0.1:PORT --token T --concurrency 8 FILE` reads
 a JSON list of queries from FILE and prints one JSON document: per-call samples (latency,
@@ -14,6 +16,7 @@ import argparse
 import json
 import resource
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -59,15 +62,34 @@ def _cpu_s() -> float:
 
 def drive(target: str, token: str, queries: Sequence[str], concurrency: int) -> dict[str, Any]:
     """Every query once with at most `concurrency` calls in flight; samples, wall and CPU."""
-    with grpc.insecure_channel(target) as channel:
-        grpc.channel_ready_future(channel).result(timeout=30)
-        stub = pb_grpc.RetrievalServiceStub(channel)
-        cpu = _cpu_s()
+    local = threading.local()
+    channels: list[grpc.Channel] = []
+    lock = threading.Lock()
+
+    def stub() -> Any:
+        found = getattr(local, "stub", None)
+        if found is None:
+            # a subchannel pool of its own: a connection of its own, not one shared by all
+            channel = grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+            grpc.channel_ready_future(channel).result(timeout=30)
+            with lock:
+                channels.append(channel)
+            found = local.stub = pb_grpc.RetrievalServiceStub(channel)
+        return found
+
+    try:
         with ThreadPoolExecutor(concurrency, thread_name_prefix="loadgen") as pool:
+            # connect every client thread before the clock starts
+            barrier = threading.Barrier(concurrency)
+            list(pool.map(lambda _: (stub(), barrier.wait()), range(concurrency)))
+            cpu = _cpu_s()
             began = time.perf_counter()
-            samples = list(pool.map(lambda q: call(stub, token, q), queries))
+            samples = list(pool.map(lambda q: call(stub(), token, q), queries))
             wall = time.perf_counter() - began
-        return {"samples": samples, "wall_s": wall, "cpu_s": _cpu_s() - cpu}
+            return {"samples": samples, "wall_s": wall, "cpu_s": _cpu_s() - cpu}
+    finally:
+        for channel in channels:
+            channel.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,8 +22,11 @@ real-shaped and consistent with each other.
 Two variants on the same index: with SoR verification (the real `SqliteSor` on the
 `schemas/sql/entities.sqlite.sql` table holding every entity with the indexed content hash, so
 every verdict is OK) and without (`_NoVerification`: every id exists and is fresh, answered
-from memory without any I/O). Each variant runs a warm-up, then `queries` calls at each
-concurrency (client threads sharing one channel, one blocking call in flight per thread).
+from memory without any I/O). Each variant runs with one server process (the store, the
+pipeline and the gRPC server in this process) and with several (`RetrieveProcesses`: this
+process hosts the store, the server processes share the port), a warm-up, then `queries`
+calls at each concurrency (client threads with a connection each, one blocking call in flight
+per thread; a fresh query list per concurrency, so no query-vector cache hits carry over).
 
 Run: `ragstream bench retrieve` or `python -m ragdev.bench.retrieve` (prints JSON).
 """
@@ -46,7 +49,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -78,6 +81,7 @@ from ragdev.bench.ingest import prose_paragraphs
 from ragdev.bench.machine import emit, flat, int_list, machine_info, percentiles, run_dir
 from ragdev.bench.reconcile import paragraph_points
 from retrieval_api.app import RetrieveApp, build_app
+from retrieval_api.processes import RetrieveProcesses
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.entities import Entity, EntityVersion
 
@@ -99,6 +103,14 @@ CALL_TIMEOUT_S = 30.0
 #: The issue's goal on this 2-core machine (issue 5, Benchmark).
 GOAL_P95_MS = 30.0
 GOAL_TEXT = "p95 <= 30 ms at concurrency 1 without a reranker (local embedder, 100k chunks)"
+#: Issue 17: near the machine's CPU limit under load, with SoR verification.
+LOAD_GOAL_CONCURRENCY = 8
+LOAD_GOAL_RATIO = 0.8
+LOAD_GOAL_P95_MS = 60.0
+LOAD_GOAL_TEXT = (
+    "concurrency 8, SoR verification on, 100k chunks: QPS >= 0.8 of the implied CPU limit and "
+    "p95 <= 60 ms"
+)
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 _WORD = re.compile(r"[A-Za-z]{4,}")
@@ -403,21 +415,50 @@ def _build(
 # --- server and client -----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Server:
+    """One variant's server under test: where it listens, its metrics and its CPU clock."""
+
+    variant: str
+    verification: bool
+    processes: int
+    target: str
+    registry: CollectorRegistry
+    #: CPU seconds the server used so far (every process of it)
+    cpu_s: Callable[[], float]
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant}/p{self.processes}"
+
+
 @contextmanager
-def _serving(app: RetrieveApp) -> Iterator[str]:
-    """The app's gRPC server on a loopback port in a background event loop."""
+def _in_process(app: RetrieveApp, registry: CollectorRegistry) -> Iterator[tuple[str, Any]]:
+    """The app's gRPC server on a loopback port in a background event loop of this process
+    (`grpc.processes` = 1: the store, the pipeline and the server share one process)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="retrieve-server", daemon=True)
     thread.start()
     try:
         asyncio.run_coroutine_threadsafe(app.server.start(), loop).result(60)
-        yield f"127.0.0.1:{app.server.port}"
+        yield f"127.0.0.1:{app.server.port}", time.process_time
     finally:
         asyncio.run_coroutine_threadsafe(app.server.stop(), loop).result(60)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
         app.close()
+
+
+@contextmanager
+def _in_processes(group: RetrieveProcesses) -> Iterator[tuple[str, Any]]:
+    """`RetrieveProcesses`: its server processes, and this process hosting the store for them
+    (what `ragstream serve` does with RAGSTREAM_GRPC__PROCESSES > 1)."""
+    group.start()
+    try:
+        yield f"127.0.0.1:{group.port}", lambda: time.process_time() + group.cpu_seconds()
+    finally:
+        group.stop()
 
 
 @dataclass(frozen=True)
@@ -438,34 +479,43 @@ class _Slice:
     loadgen_cpu_s: float
     server_cpu_s: float
     stage_cpu_s: dict[str, float]
+    query_cache: dict[str, float]
 
 
-def _stage_cpu(registry: CollectorRegistry) -> dict[str, float]:
+def _counter(registry: CollectorRegistry, family_name: str, label: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in registry.collect():
-        if family.name == "ragstream_retrieve_stage_cpu_seconds":
+        if family.name == family_name:
             for sample in family.samples:
                 if sample.name.endswith("_total"):
-                    out[sample.labels["stage"]] = sample.value
+                    key = sample.labels[label]
+                    out[key] = out.get(key, 0.0) + sample.value
     return out
 
 
-def _drive(
-    target: str, registry: CollectorRegistry, queries: Sequence[str], concurrency: int, tmp: Path
-) -> _Slice:
+def _stage_cpu(registry: CollectorRegistry) -> dict[str, float]:
+    return _counter(registry, "ragstream_retrieve_stage_cpu_seconds", "stage")
+
+
+def _query_cache(registry: CollectorRegistry) -> dict[str, float]:
+    return _counter(registry, "ragstream_retrieve_query_cache", "outcome")
+
+
+def _drive(server: _Server, queries: Sequence[str], concurrency: int, tmp: Path) -> _Slice:
     """`queries` sent by the load generator in its own process (`ragdev.bench.loadgen`) with
-    at most `concurrency` calls in flight; this process's CPU (the server's) around it."""
+    at most `concurrency` calls in flight; the server's CPU (all its processes) around it."""
     path = tmp / "queries.json"
     path.write_text(json.dumps(list(queries)), encoding="utf-8")
-    stages = _stage_cpu(registry)
-    cpu = time.process_time()
+    stages = _stage_cpu(server.registry)
+    cache = _query_cache(server.registry)
+    cpu = server.cpu_s()
     done = subprocess.run(
         [
             sys.executable,
             "-m",
             "ragdev.bench.loadgen",
             "--target",
-            target,
+            server.target,
             "--token",
             TOKEN,
             "--concurrency",
@@ -477,10 +527,11 @@ def _drive(
         timeout=CALL_TIMEOUT_S * len(queries) + 60,
         check=False,
     )
-    server_cpu = time.process_time() - cpu
+    server_cpu = server.cpu_s() - cpu
     if done.returncode != 0:
         raise RagstreamError(f"the load generator failed: {done.stderr[-2000:]}")
-    after = _stage_cpu(registry)
+    after = _stage_cpu(server.registry)
+    cache_after = _query_cache(server.registry)
     doc = json.loads(done.stdout)
     samples = [
         _Sample(
@@ -498,6 +549,7 @@ def _drive(
         loadgen_cpu_s=doc["cpu_s"],
         server_cpu_s=server_cpu,
         stage_cpu_s={k: v - stages.get(k, 0.0) for k, v in after.items()},
+        query_cache={k: v - cache.get(k, 0.0) for k, v in cache_after.items()},
     )
 
 
@@ -516,8 +568,10 @@ def _summary(
     n = len(samples)
     server_cpu = sum(part.server_cpu_s for part in slices)
     stage_cpu: Counter[str] = Counter()
+    cache: Counter[str] = Counter()
     for part in slices:
         stage_cpu.update(part.stage_cpu_s)
+        cache.update(part.query_cache)
     in_stages = sum(stage_cpu.values())
     return {
         "concurrency": concurrency,
@@ -530,6 +584,7 @@ def _summary(
         if answered
         else 0.0,
         "excluded_by_reason": dict(excluded),
+        "query_cache": {k: int(v) for k, v in sorted(cache.items())},
         "server_stage_ms_mean": {k: round(statistics.fmean(v), 3) for k, v in stages.items()},
         "cpu_ms_per_request": {
             "server_process": round(server_cpu / n * 1000, 3),
@@ -550,50 +605,60 @@ def _measure_variants(
     *,
     hashes: Mapping[str, str],
     warmup: Sequence[str],
-    queries: Sequence[str],
-    concurrency: Sequence[int],
+    queries: Mapping[int, Sequence[str]],
+    processes: Sequence[int],
 ) -> list[dict[str, Any]]:
-    """Both variants' servers at once; at each concurrency the query list runs in two halves,
-    ordered A B then B A, so drifting background load weighs on both variants alike."""
-    names = [name for name, _ in _VARIANTS]
+    """Every (variant, processes) server at once; at each concurrency its own query list (no
+    query-vector cache hits carried over from a lower level) runs in two halves, servers in
+    one order then the reverse, so drifting background load weighs on all of them alike."""
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ragstream-loadgen-")))
-        targets: dict[str, str] = {}
-        registries: dict[str, CollectorRegistry] = {}
-        for name, verification in _VARIANTS:
-            sor = None if verification else _NoVerification(hashes, settings.plan.catalog)
-            registries[name] = CollectorRegistry()
-            app = build_app(settings, registries[name], store=store, embedder=embedder, sor=sor)
-            targets[name] = stack.enter_context(_serving(app))
-            warm = _drive(targets[name], registries[name], warmup, 1, tmp)
-            failed = Counter(s.status for s in warm.samples if s.status.startswith("GRPC_"))
-            if failed:
-                raise ConfigError(f"{name}: warm-up calls failed: {dict(failed)}")
-        half = (len(queries) + 1) // 2
-        slices = [(queries[:half], names), (queries[half:], names[::-1])]
+        servers: list[_Server] = []
+        for count in processes:
+            for name, verification in _VARIANTS:
+                sor = None if verification else _NoVerification(hashes, settings.plan.catalog)
+                if count == 1:
+                    registry = CollectorRegistry()
+                    app = build_app(settings, registry, store=store, embedder=embedder, sor=sor)
+                    target, cpu = stack.enter_context(_in_process(app, registry))
+                else:
+                    group = RetrieveProcesses(settings, processes=count, store=store, sor=sor)
+                    target, cpu = stack.enter_context(_in_processes(group))
+                    registry = group.metrics_registry()
+                server = _Server(name, verification, count, target, registry, cpu)
+                # one process: 1 connection; several: 8 per process, so that every process
+                # (they get connections at random) is warmed up before it is measured
+                warm = _drive(server, warmup, 1 if count == 1 else 8 * count, tmp)
+                failed = Counter(s.status for s in warm.samples if s.status.startswith("GRPC_"))
+                if failed:
+                    raise ConfigError(f"{server.name}: warm-up calls failed: {dict(failed)}")
+                servers.append(server)
         out: list[dict[str, Any]] = []
-        for level in concurrency:
-            runs: dict[str, list[_Slice]] = {n: [] for n in names}
-            loads: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
+        for level, level_queries in queries.items():
+            half = (len(level_queries) + 1) // 2
+            slices = [(level_queries[:half], servers), (level_queries[half:], servers[::-1])]
+            runs: dict[str, list[_Slice]] = {s.name: [] for s in servers}
+            loads: dict[str, list[tuple[float, float, float]]] = {s.name: [] for s in servers}
             for part, order in slices:
-                for name in order:
+                for server in order:
                     if not part:
                         continue
-                    log.info("%s, concurrency %d: %d calls", name, level, len(part))
-                    loads[name].append(os.getloadavg())
-                    runs[name].append(_drive(targets[name], registries[name], part, level, tmp))
-            for name, verification in _VARIANTS:
+                    log.info("%s, concurrency %d: %d calls", server.name, level, len(part))
+                    loads[server.name].append(os.getloadavg())
+                    runs[server.name].append(_drive(server, part, level, tmp))
+            for server in servers:
                 sor_text = (
                     "SqliteSor (the embedded SoR reader, one batched query per request)"
-                    if verification
+                    if server.verification
                     else "_NoVerification (in-memory: every id exists and is fresh, no I/O)"
                 )
                 out.append(
                     {
-                        "variant": name,
-                        "sor_verification": verification,
+                        "variant": server.variant,
+                        "sor_verification": server.verification,
                         "sor": sor_text,
-                        **_summary(runs[name], level, loads[name]),
+                        "processes": server.processes,
+                        **_summary(runs[server.name], level, loads[server.name]),
                     }
                 )
     _add_limits(out)
@@ -601,11 +666,11 @@ def _measure_variants(
 
 
 def _add_limits(results: list[dict[str, Any]]) -> None:
-    """The implied limit of each variant: the machine's cores over the server's CPU per
-    request at concurrency 1 (its intrinsic cost), and each level's QPS as a ratio of it."""
+    """The implied limit of each server: the machine's cores over its CPU per request at the
+    lowest concurrency (its intrinsic cost), and each level's QPS as a ratio of it."""
     cores = os.cpu_count() or 1
-    for variant in {r["variant"] for r in results}:
-        rows = [r for r in results if r["variant"] == variant]
+    for key in {(r["variant"], r["processes"]) for r in results}:
+        rows = [r for r in results if (r["variant"], r["processes"]) == key]
         base = min(rows, key=lambda r: r["concurrency"])
         cost_ms = base["cpu_ms_per_request"]["server_process"]
         limit = cores / (cost_ms / 1000) if cost_ms > 0 else None
@@ -633,14 +698,17 @@ def run(
     concurrency: Sequence[int] = (1, 8),
     data_dir: Path | None = None,
     seed: int = 0,
+    processes: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """Build the index and the SoR, run both variants at each concurrency; a JSON-able report.
+    """Build the index and the SoR, run both variants at each concurrency with each number
+    of server processes (default: 1 and the machine's cores); a JSON-able report.
 
     `data_dir` receives the store, the registry and the SoR (a temporary directory, removed
     afterwards, when None; otherwise it must not hold a previous run).
     """
-    if points < 1 or queries < 1 or not concurrency or min(concurrency) < 1:
-        raise ConfigError("points, queries and every concurrency level must be >= 1")
+    counts = sorted(set(processes or (1, os.cpu_count() or 1)))
+    if points < 1 or queries < 1 or not concurrency or min(concurrency) < 1 or min(counts) < 1:
+        raise ConfigError("points, queries, concurrency and processes must all be >= 1")
     load_before = os.getloadavg()
     rng = np.random.default_rng(seed)
     # every sentence of the machine for 100k points; fewer (faster to embed) for small runs
@@ -657,8 +725,9 @@ def run(
             raise ConfigError(f"the local embedder is {embedder.spec.model_version}, not MiniLM")
 
         built = _build(root, store, embedder, points=points, n_sentences=n_sentences, rng=rng)
-        warmup = _questions(built.prose, WARMUP_CALLS, rng)
-        measured = _questions(built.prose, queries, rng)
+        warmup = _questions(built.prose, max(WARMUP_CALLS, 16 * max(counts)), rng)
+        levels = list(dict.fromkeys(concurrency))
+        measured = {level: _questions(built.prose, queries, rng) for level in levels}
 
         settings = RetrieveSettings(
             grpc=GrpcSettings(port=0),
@@ -676,16 +745,17 @@ def run(
             hashes=built.hashes,
             warmup=warmup,
             queries=measured,
-            concurrency=concurrency,
+            processes=counts,
         )
     load_after = os.getloadavg()
 
     retrieval = settings.retrieval
     top_k = retrieval.default_top_k
-    goals = [
+    goals: list[dict[str, Any]] = [
         {
             "goal": GOAL_TEXT,
             "variant": r["variant"],
+            "processes": r["processes"],
             "concurrency": 1,
             "target_p95_ms": GOAL_P95_MS,
             "measured_p95_ms": r["latency_ms"]["p95"],
@@ -694,19 +764,42 @@ def run(
         for r in results
         if r["concurrency"] == 1
     ]
+    goals += [
+        {
+            "goal": LOAD_GOAL_TEXT,
+            "variant": r["variant"],
+            "processes": r["processes"],
+            "concurrency": r["concurrency"],
+            "target_qps_over_limit": LOAD_GOAL_RATIO,
+            "measured_qps_over_limit": r["cpu_limit"]["qps_over_limit"],
+            "target_p95_ms": LOAD_GOAL_P95_MS,
+            "measured_p95_ms": r["latency_ms"]["p95"],
+            "met": (r["cpu_limit"]["qps_over_limit"] or 0) >= LOAD_GOAL_RATIO
+            and r["latency_ms"]["p95"] <= LOAD_GOAL_P95_MS,
+        }
+        for r in results
+        if r["concurrency"] == LOAD_GOAL_CONCURRENCY and r["sor_verification"]
+    ]
     return {
         "benchmark": "ragstream bench retrieve: gRPC Retrieve latency and QPS, client side",
         "what": (
             "client-side latency of unary Retrieve calls (request built -> evidence pack "
             "decoded) over a loopback gRPC channel, and calls/s, after a warm-up of "
-            f"{WARMUP_CALLS} unmeasured calls per variant. Both variants' servers run at once "
-            "(same store, same embedder); at each concurrency the queries run in two halves, "
-            "variant order A B then B A. The load generator (ragdev.bench.loadgen: N client "
-            "threads, one channel, one blocking call in flight per thread) runs in a process of "
-            "its own; its CPU is reported apart. cpu_ms_per_request: this process's CPU (the "
-            "servers, onnxruntime's threads included) over the calls; server_stages: the CPU "
-            "of the thread running each stage (ragstream_retrieve_stage_cpu_seconds_total); "
-            "cpu_limit: cores / the server's CPU per request at the lowest concurrency"
+            f"{len(warmup)} unmeasured calls per server (over 8 connections per server process "
+            "when there are several, so that each is warmed up). Every server (variant x "
+            "processes) runs at once (same store); at each concurrency a fresh query list runs in"
+            " two halves, servers in one order then the reverse. processes 1: the server in this "
+            "process (same embedder instance, onnxruntime's default threads); processes N: "
+            "RetrieveProcesses, N server processes on one port (SO_REUSEPORT) with onnxruntime "
+            "threads = cores / N each, this process hosting the store for them. The load "
+            "generator (ragdev.bench.loadgen: N client threads, a connection each, one blocking "
+            "call in flight per thread) runs in a process of its own; its CPU is reported apart. "
+            "cpu_ms_per_request: the server's CPU over the calls (this process, plus the server "
+            "processes when there are several; onnxruntime's and qdrant-edge's threads included);"
+            " server_stages: the CPU of the thread running each stage "
+            "(ragstream_retrieve_stage_cpu_seconds_total); query_cache: query vectors served from"
+            " the cache (hit) or embedded (miss); cpu_limit: cores / the "
+            "server's CPU per request at the lowest concurrency"
         ),
         "machine": machine_info(
             load_before, load_after, ("onnxruntime", "qdrant-edge-py", "grpcio")
@@ -743,8 +836,8 @@ def run(
             ),
             "queries": (
                 f"{queries} short natural questions (templates over consecutive content words "
-                "of an indexed sentence), the same list for every variant and concurrency; "
-                f"{WARMUP_CALLS} other ones for the warm-up"
+                "of an indexed sentence), one list per concurrency, the same for every server; "
+                f"{len(warmup)} other ones for the warm-up"
             ),
         },
         "index": {
@@ -781,8 +874,9 @@ def run(
             "max_concurrent_rpcs": settings.grpc.max_concurrent_rpcs,
             "publish": "disabled (no audit records, no reindex requests)",
             "client": (
-                "ragdev.bench.loadgen in its own process: grpc.insecure_channel on 127.0.0.1 "
-                "(one channel), N client threads, one blocking call in flight per thread, "
+                "ragdev.bench.loadgen in its own process: N client threads, each with its own "
+                "grpc.insecure_channel on 127.0.0.1 (its own connection), one blocking call in "
+                "flight per thread, "
                 f"bearer token, timeout {CALL_TIMEOUT_S:g} s"
             ),
             "seed": seed,
@@ -799,6 +893,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--concurrency", type=int_list, nargs="+", default=[[1, 8]])
     parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument(
+        "--processes",
+        type=int_list,
+        nargs="+",
+        default=None,
+        help="server process counts to measure side by side (default: 1 and the cores)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -808,6 +909,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         queries=args.queries,
         concurrency=tuple(flat(args.concurrency)),
         data_dir=args.data_dir,
+        processes=tuple(flat(args.processes)) if args.processes else None,
     )
     return emit(report)
 

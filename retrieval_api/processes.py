@@ -1,0 +1,284 @@
+"""Several Retrieve server processes on one port, sharing one store.
+
+Why: a Python process runs its Retrieve pipeline under one GIL, and qdrant-edge holds it while
+it searches, so one server process uses about one core however many the machine has
+(docs/decisions/retrieve-processes.md). `RAGSTREAM_GRPC__PROCESSES=N` runs N server processes
+(`retrieval_api.child`) that bind the same port with SO_REUSEPORT: the kernel spreads incoming
+connections over them, and each answers its connections' calls from start to end.
+
+The parent process:
+- opens the embedded store (qdrant-edge has one opener per data dir) and serves it to the
+  children through a `StoreHost` on a private Unix socket; with a Qdrant server each child is
+  a client of its own;
+- exports the children's metrics on one `/metrics` (prometheus_client's multiprocess mode: each
+  child writes its samples to files in a private directory, the parent sums them);
+- starts the children, stops them on SIGTERM (each drains like a single server), and stops
+  all of them when one dies, so an orchestrator sees the failure and restarts the whole.
+
+Children exit when the parent goes away (their stdin, a pipe from the parent, reaches EOF).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from ragcore.embedders.local_onnx import LocalEmbedderConfig
+from ragcore.errors import ConfigError, RagstreamError
+from ragcore.sor.base import SystemOfRecord
+from ragcore.store.base import VectorStore
+from ragcore.store.host import StoreHost, new_host_key
+from ragcore.wiring import build_store, payload_schema
+from retrieval_api.settings import RetrieveSettings
+
+__all__ = ["ChildSpec", "RetrieveProcesses"]
+
+log = logging.getLogger(__name__)
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """What a server process needs, handed to it pickled on its stdin (never in its
+    environment or on its command line: the store key is a secret)."""
+
+    settings: RetrieveSettings
+    #: the store host's socket and key; None: the child builds its store from `settings`
+    store_address: str | None
+    store_key: bytes | None
+    #: a SoR reader to use instead of the one `settings` describe (benchmarks)
+    sor: SystemOfRecord | None = None
+
+
+@dataclass
+class _Child:
+    process: subprocess.Popen[bytes]
+    ready: bool = False
+
+
+class RetrieveProcesses:
+    """`processes` Retrieve server processes on `settings.grpc.port`, and the store they share.
+
+    `store` (an open store of the embedded backend) is hosted for the children as it is and
+    stays its owner's; without it the parent opens the embedded store of `settings` itself (a
+    Qdrant server needs no host). `sor` replaces the children's SoR reader (it is pickled).
+    """
+
+    def __init__(
+        self,
+        settings: RetrieveSettings,
+        *,
+        processes: int | None = None,
+        store: VectorStore | None = None,
+        sor: SystemOfRecord | None = None,
+        ready_timeout_s: float = 120.0,
+    ) -> None:
+        """Prepare (nothing starts before `start`)."""
+        self.processes = processes or settings.grpc.processes
+        if self.processes < 1:
+            raise ConfigError("grpc.processes must be >= 1")
+        self._settings = settings
+        self._given_store = store
+        self._sor = sor
+        self._ready_timeout_s = ready_timeout_s
+        self._children: list[_Child] = []
+        self._owned_store: VectorStore | None = None
+        self._host: StoreHost | None = None
+        self._dir: Path | None = None
+        self.port = 0
+
+    # --- start ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open and host the store (embedded backend), start the children, wait until every
+        one serves; on failure everything started is stopped and the error raised."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="ragstream-retrieve-"))  # mode 0700
+        (self._dir / "metrics").mkdir()
+        address: str | None = None
+        key: bytes | None = None
+        store = self._given_store
+        if store is None and self._settings.store.backend == "edge":
+            store = self._owned_store = build_store(
+                self._settings.store, payload_schema(self._settings.plan)
+            )
+        if store is not None:
+            key = new_host_key()
+            self._host = StoreHost(store, self._dir / "store.sock", authkey=key)
+            self._host.start()
+            address = str(self._host.address)
+        self.port = self._settings.grpc.port or _free_port(self._settings.grpc.host)
+        settings = child_settings(self._settings, self.port, self.processes)
+        spec = pickle.dumps(ChildSpec(settings, address, key, self._sor))
+        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self._dir / "metrics")}
+        for _ in range(self.processes):
+            process = subprocess.Popen(
+                [sys.executable, "-m", "retrieval_api.child"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+            )
+            assert process.stdin is not None
+            process.stdin.write(len(spec).to_bytes(8, "big") + spec)
+            process.stdin.flush()
+            self._children.append(_Child(process))
+        self._await_ready()
+        log.info(
+            "Retrieve serving on %s:%d in %d processes (pids %s)",
+            self._settings.grpc.host,
+            self.port,
+            self.processes,
+            ", ".join(str(p) for p in self.pids),
+        )
+
+    def _await_ready(self) -> None:
+        deadline = time.monotonic() + self._ready_timeout_s
+        with selectors.DefaultSelector() as waiting:
+            for started in self._children:
+                assert started.process.stdout is not None
+                waiting.register(started.process.stdout, selectors.EVENT_READ, started)
+            while any(not c.ready for c in self._children):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RagstreamError(
+                        f"Retrieve server processes not ready in {self._ready_timeout_s:g} s"
+                    )
+                for key, _ in waiting.select(remaining):
+                    child: _Child = key.data
+                    stdout: IO[bytes] = key.fileobj  # type: ignore[assignment]
+                    line = stdout.readline()
+                    waiting.unregister(stdout)
+                    child.ready = _ready(child, line)
+
+    # --- running ----------------------------------------------------------------------------
+
+    @property
+    def pids(self) -> list[int]:
+        """The server processes' pids."""
+        return [c.process.pid for c in self._children]
+
+    def metrics_registry(self) -> CollectorRegistry:
+        """A registry summing every server process's metrics (for the parent's /metrics)."""
+        if self._dir is None:
+            raise RagstreamError("the Retrieve processes were not started")
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self._dir / "metrics"))  # type: ignore[no-untyped-call]
+        return registry
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds the server processes used so far (Linux /proc)."""
+        total = 0.0
+        for pid in self.pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            except OSError as exc:
+                raise RagstreamError(f"cannot read the CPU time of process {pid}: {exc}") from exc
+            total += (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+        return total
+
+    def wait(self, stop: threading.Event, poll_s: float = 0.5) -> int | None:
+        """Block until `stop` is set (None) or a server process exits (its exit code)."""
+        while not stop.wait(poll_s):
+            for child in self._children:
+                code = child.process.poll()
+                if code is not None:
+                    log.error("Retrieve server process %d exited with %d", child.process.pid, code)
+                    return code
+        return None
+
+    # --- stop -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """SIGTERM every server process (each drains within grpc.grace_s), then close the
+        store host and the store the parent opened (idempotent)."""
+        for child in self._children:
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self._settings.grpc.grace_s + 10
+        for child in self._children:
+            try:
+                child.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.error("Retrieve server process %d did not stop: killed", child.process.pid)
+                child.process.kill()
+                child.process.wait()
+            for stream in (child.process.stdin, child.process.stdout):
+                if stream is not None:
+                    stream.close()
+            if self._dir is not None:
+                mark_process_dead(child.process.pid, str(self._dir / "metrics"))  # type: ignore[no-untyped-call]
+        self._children.clear()
+        if self._host is not None:
+            self._host.close()
+            self._host = None
+        if self._owned_store is not None:
+            self._owned_store.close()
+            self._owned_store = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+def child_settings(settings: RetrieveSettings, port: int, processes: int) -> RetrieveSettings:
+    """A server process's settings: the shared port, and, unless configured, a local
+    embedder with the cores split between the processes (onnxruntime's default, one thread
+    per core in every process, costs CPU in thread handoffs once the processes keep every
+    core busy: 6.4 vs 5.5 ms of CPU per query embedding here)."""
+    update: dict[str, object] = {"grpc": settings.grpc.model_copy(update={"port": port})}
+    for field in ("embedder", "next_embedder"):
+        config = getattr(settings, field)
+        if isinstance(config, LocalEmbedderConfig) and config.intra_op_threads is None:
+            threads = max(1, (os.cpu_count() or 1) // processes)
+            update[field] = config.model_copy(update={"intra_op_threads": threads})
+    return settings.model_copy(update=update)
+
+
+def _ready(child: _Child, line: bytes) -> bool:
+    """The child's first line: {"ready": port} or {"error": code, "message": text}."""
+    try:
+        doc = json.loads(line) if line else {}
+    except json.JSONDecodeError:
+        doc = {}
+    if "ready" in doc:
+        return True
+    child.process.wait(10)
+    if "error" in doc:
+        raise RagstreamError(
+            f"a Retrieve server process could not start: {doc['message']}", code=str(doc["error"])
+        )
+    raise RagstreamError(
+        f"a Retrieve server process exited with {child.process.returncode} before serving"
+        " (its log is above)"
+    )
+
+
+def _free_port(host: str) -> int:
+    """A port free on `host` now (for port 0: the children must all bind the same one)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+        return port
