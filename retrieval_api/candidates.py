@@ -246,7 +246,10 @@ class CandidateSearch:
         missing = [h.point_id for h in hits if h.point_id not in cosines]
         if missing:
             tenant = store_filter.tenant_id
-            for point in self._store.retrieve(collection, missing, tenant, with_vectors=True):
+            # only the vectors are needed: the payload is already in the hits
+            for point in self._store.retrieve(
+                collection, missing, tenant, with_vectors=True, fields=()
+            ):
                 if point.dense is not None:
                     cosines[point.point_id] = float(np.dot(point.dense, vector))
             # a hit whose point is gone by the time its vector is read was deleted by a

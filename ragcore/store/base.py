@@ -471,9 +471,16 @@ class VectorStore(Protocol):
         ...
 
     def retrieve(
-        self, name: str, ids: Sequence[str], tenant_id: str, with_vectors: bool = False
+        self,
+        name: str,
+        ids: Sequence[str],
+        tenant_id: str,
+        with_vectors: bool = False,
+        *,
+        fields: Sequence[str] | None = None,
     ) -> list[StoredPoint]:
-        """The tenant's points among `ids` (others are omitted), in the order of `ids`."""
+        """The tenant's points among `ids` (others are omitted), in the order of `ids`.
+        `fields` selects the payload keys as in `scroll` (None: the whole payload)."""
         ...
 
     def count(self, name: str, filter: StoreFilter) -> int:

@@ -420,12 +420,15 @@ class EdgeStore(QdrantEngine):
         # one planned pass over the segments for both branches of a hybrid search
         return list(_vendor(f"query_batch {name}", lambda: handle.shard.query_batch(batch)))
 
-    def _fetch(self, name: str, ids: Sequence[str], with_vectors: bool) -> Sequence[Any]:
+    def _fetch(
+        self, name: str, ids: Sequence[str], with_vectors: bool, keys: list[str] | None
+    ) -> Sequence[Any]:
         handle = self._open(name)
+        selector = True if keys is None else qe.PayloadSelector.Include(keys)
         return _vendor(
             f"retrieve {name}",
             lambda: handle.shard.retrieve(
-                list(ids), with_payload=True, with_vector=bool(with_vectors)
+                list(ids), with_payload=selector, with_vector=bool(with_vectors)
             ),
         )
 

@@ -74,8 +74,11 @@ class QdrantEngine(ABC):
         """The scored points of each request, run in one round trip."""
 
     @abstractmethod
-    def _fetch(self, name: str, ids: Sequence[str], with_vectors: bool) -> Sequence[Any]:
-        """The records among `ids` (any order; missing ids absent)."""
+    def _fetch(
+        self, name: str, ids: Sequence[str], with_vectors: bool, keys: list[str] | None
+    ) -> Sequence[Any]:
+        """The records among `ids` (any order; missing ids absent), with the payload keys
+        `keys` (None: the whole payload)."""
 
     @abstractmethod
     def _scroll_page(
@@ -229,13 +232,18 @@ class QdrantEngine(ABC):
         with_vectors: bool = False,
         *,
         partition: str | None = None,
+        fields: Sequence[str] | None = None,
     ) -> list[StoredPoint]:
         """The tenant's points among `ids`, in the order of `ids` (missing ids, other tenants'
-        points and, when `partition` is given, other partitions' points are omitted)."""
+        points and, when `partition` is given, other partitions' points are omitted); `fields`
+        selects the payload keys (None: all; the tenant and partition keys are always read)."""
         validate_tenant(tenant_id)
         if not ids:
             return []
-        by_id = {str(r.id): r for r in self._fetch(name, ids, with_vectors)}
+        keys = payload_selection(fields)
+        if keys is not None and partition is not None:
+            keys.append(PARTITION)
+        by_id = {str(r.id): r for r in self._fetch(name, ids, with_vectors, keys)}
         found = [by_id[i] for i in dict.fromkeys(ids) if i in by_id]
         return [
             self._stored(r)

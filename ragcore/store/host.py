@@ -409,10 +409,18 @@ class HostedStore:
         return result
 
     def retrieve(
-        self, name: str, ids: Sequence[str], tenant_id: str, with_vectors: bool = False
+        self,
+        name: str,
+        ids: Sequence[str],
+        tenant_id: str,
+        with_vectors: bool = False,
+        *,
+        fields: Sequence[str] | None = None,
     ) -> list[StoredPoint]:
         """See `VectorStore.retrieve` (runs in the host)."""
-        points: list[StoredPoint] = self._call("retrieve", name, list(ids), tenant_id, with_vectors)
+        points: list[StoredPoint] = self._call(
+            "retrieve", name, list(ids), tenant_id, with_vectors, fields=fields
+        )
         return points
 
     def count(self, name: str, filter: StoreFilter) -> int:

@@ -455,11 +455,16 @@ class QdrantRemoteStore(QdrantEngine):
         )
         return [list(response.points) for response in responses]
 
-    def _fetch(self, name: str, ids: Sequence[str], with_vectors: bool) -> Sequence[Any]:
+    def _fetch(
+        self, name: str, ids: Sequence[str], with_vectors: bool, keys: list[str] | None
+    ) -> Sequence[Any]:
         return _vendor(
             f"retrieve {name}",
             lambda: self._client.retrieve(
-                name, ids=list(ids), with_payload=True, with_vectors=with_vectors
+                name,
+                ids=list(ids),
+                with_payload=True if keys is None else keys,
+                with_vectors=with_vectors,
             ),
         )
 

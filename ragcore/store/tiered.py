@@ -135,8 +135,9 @@ class PartitionedEngine(VectorStore, Protocol):
         with_vectors: bool = False,
         *,
         partition: str | None = None,
+        fields: Sequence[str] | None = None,
     ) -> list[StoredPoint]:
-        """Points by id (within `partition`)."""
+        """Points by id (within `partition`), `fields` selecting the payload."""
         ...
 
 
@@ -421,11 +422,20 @@ class TieredStore:
         return self._engine.entity_chunks(collection, tenant_id, entity_id, partition=partition)
 
     def retrieve(
-        self, name: str, ids: Sequence[str], tenant_id: str, with_vectors: bool = False
+        self,
+        name: str,
+        ids: Sequence[str],
+        tenant_id: str,
+        with_vectors: bool = False,
+        *,
+        fields: Sequence[str] | None = None,
     ) -> list[StoredPoint]:
-        """The tenant's points among `ids` in this logical collection, in the order of `ids`."""
+        """The tenant's points among `ids` in this logical collection, in the order of `ids`
+        (`fields` selects the payload keys)."""
         collection, partition = self._where(name)
-        return self._engine.retrieve(collection, ids, tenant_id, with_vectors, partition=partition)
+        return self._engine.retrieve(
+            collection, ids, tenant_id, with_vectors, partition=partition, fields=fields
+        )
 
     def search_dense(
         self,

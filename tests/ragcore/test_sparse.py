@@ -249,3 +249,15 @@ def test_document_encoding_equals_bm25_over_the_surface_words(text: str) -> None
     got = encoder.encode_document(text)
     assert got.indices == expected.indices
     assert got.values == pytest.approx(expected.values, rel=1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=_WORDY | st.text(max_size=200))
+def test_counts_equal_the_tokens_of_the_surface_words(text: str) -> None:
+    """Exact BM25's counts (Retrieve's hot path, without `Word` objects) are the definition's:
+    every token of `surface`'s words, and their number as the length."""
+    encoder = Bm25Encoder()
+    words = encoder.surface(text, identifiers=False)
+    counts, length = encoder.counts(text)
+    assert counts == Counter(t for w in words for t in w.tokens)
+    assert length == len(words)

@@ -204,6 +204,24 @@ class VectorStoreContract:
         points = loaded.retrieve(COLLECTION, [ACME[0].point_id], "acme")
         assert [p.payload["revision"] for p in points] == [2]
 
+    def test_retrieve_selects_payload_fields_and_keeps_vectors(self, loaded: VectorStore) -> None:
+        globex = next(d for d in DOCS if d.tenant == "globex")
+        ids = [ACME[0].point_id, ACME[1].point_id, globex.point_id]
+        whole = {p.point_id: p for p in loaded.retrieve(COLLECTION, ids, "acme", True)}
+        only = loaded.retrieve(COLLECTION, ids, "acme", True, fields=())
+        assert [p.point_id for p in only] == ids[:2]  # the other tenant's point stays out
+        for point in only:
+            assert point.payload == {"tenant_id": "acme"}
+            reference = whole[point.point_id].dense
+            assert point.dense is not None and reference is not None
+            assert np.allclose(point.dense, reference)
+            assert point.sparse == whole[point.point_id].sparse
+        [chunk] = loaded.retrieve(COLLECTION, ids[:1], "acme", fields=["chunk_id"])
+        assert chunk.payload == {"chunk_id": ACME[0].chunk_id, "tenant_id": "acme"}
+        assert chunk.dense is None
+        with pytest.raises(ValueError, match="sequence of payload keys"):
+            loaded.retrieve(COLLECTION, ids, "acme", fields="chunk_id")
+
     def test_update_payload_sets_and_unsets_keys_and_keeps_vectors(
         self, loaded: VectorStore
     ) -> None:
