@@ -16,7 +16,9 @@ STATUSES = {"SUCCESS", "NO_EVIDENCE"}
 
 
 def test_small_run_reports_both_variants_at_each_concurrency(tmp_path: Path) -> None:
-    report = run(points=2000, queries=20, concurrency=(1, 2), data_dir=tmp_path / "run")
+    report = run(
+        points=2000, queries=20, concurrency=(1, 2), data_dir=tmp_path / "run", processes=(1, 2)
+    )
 
     json.dumps(report)  # JSON-able as is
     machine = report["machine"]
@@ -44,29 +46,49 @@ def test_small_run_reports_both_variants_at_each_concurrency(tmp_path: Path) -> 
     assert config["workers"] >= 1
 
     results = report["results"]
-    assert {(r["variant"], r["sor_verification"], r["concurrency"]) for r in results} == {
-        ("sor_verification", True, 1),
-        ("sor_verification", True, 2),
-        ("no_verification", False, 1),
-        ("no_verification", False, 2),
+    assert {
+        (r["variant"], r["sor_verification"], r["concurrency"], r["processes"]) for r in results
+    } == {
+        (variant, variant == "sor_verification", level, processes)
+        for variant in ("sor_verification", "no_verification")
+        for level in (1, 2)
+        for processes in (1, 2)
     }
     for r in results:
         assert r["n"] == 20
         assert sum(r["statuses"].values()) == 20
         # never FAILED, never a gRPC error: every call ran the whole pipeline
         assert set(r["statuses"]) <= STATUSES, r["statuses"]
+        # every query was embedded or came from the query-vector cache, once
+        assert sum(r["query_cache"].values()) == 20
         latency = r["latency_ms"]
         assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"] <= latency["max"]
         assert r["qps"] > 0
+        assert r["cpu_ms_per_request"]["server_process"] > 0
+        assert r["cpu_limit"]["implied_limit_qps"] > 0
         stages = r["server_stage_ms_mean"]
         assert {"resolve", "embed", "search", "rank", "verify", "total"} <= set(stages)
         # the index and the SoR agree: the SoR check never excludes a result
         assert not {"STALE", "MISSING", "DELETED"} & set(r["excluded_by_reason"])
     # real query embeddings find the synthetic neighbourhoods: most calls return evidence
     assert all(r["statuses"].get("SUCCESS", 0) >= 10 for r in results)
+    # several server processes answer exactly as one does (same index, same queries)
+    for variant in ("sor_verification", "no_verification"):
+        for level in (1, 2):
+            one, two = (
+                next(
+                    r
+                    for r in results
+                    if (r["variant"], r["concurrency"], r["processes"]) == (variant, level, p)
+                )
+                for p in (1, 2)
+            )
+            assert one["statuses"] == two["statuses"] and one["mean_results"] == two["mean_results"]
 
     goals = report["goals"]
-    assert {g["variant"] for g in goals} == {"sor_verification", "no_verification"}
+    assert {(g["variant"], g["processes"]) for g in goals} == {
+        (v, p) for v in ("sor_verification", "no_verification") for p in (1, 2)
+    }
     for g in goals:
         assert g["concurrency"] == 1
         assert g["target_p95_ms"] == GOAL_P95_MS
