@@ -59,13 +59,6 @@ class RetrievalConfig(BaseModel):
         description="Query vectors kept per (tenant, model, query) so a repeated question is "
         "not embedded again; 0: off.",
     )
-    query_batch_max: int = Field(
-        default=16,
-        ge=1,
-        le=256,
-        description="At most this many queries of concurrent requests are embedded in one "
-        "model call (never waiting for company); 1: each alone.",
-    )
 
     # --- candidates and fusion ---
     candidate_multiplier: int = Field(

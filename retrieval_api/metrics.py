@@ -38,12 +38,6 @@ class RetrieveMetrics:
             ["outcome"],
             registry=registry,
         )
-        self.query_batch = Histogram(
-            "ragstream_retrieve_query_embedding_batch",
-            "Queries embedded per model call (concurrent requests' queries go together).",
-            buckets=(1, 2, 4, 8, 16, 32, 64),
-            registry=registry,
-        )
         self.excluded = Counter(
             "ragstream_retrieve_excluded_total",
             "Candidates excluded, by reason (deleted, stale, missing, below_threshold, "

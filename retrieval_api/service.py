@@ -8,14 +8,13 @@ pool. Domain failures raise typed `RagstreamError`s that the servicer maps to st
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Protocol
 
-from ragcore.embedders.base import Embedder, QueryBatchEmbedder, Vectors
+from ragcore.embedders.base import Embedder
 from ragcore.embedders.models import EmbeddingModels
 from ragcore.errors import IndexNotFoundError, ManifestMismatchError, RagstreamError
 from ragcore.publish import Publisher
@@ -36,7 +35,6 @@ from retrieval_api.evidence import (
 )
 from retrieval_api.evidence_score import EvidenceCalibration
 from retrieval_api.metrics import RetrieveMetrics
-from retrieval_api.query_batch import QueryBatcher
 from retrieval_api.query_cache import QueryVectorCache
 from retrieval_api.ranking import ScoreKind, Thresholds, rank
 from retrieval_api.validate import ValidatedRequest
@@ -95,8 +93,6 @@ class Retriever:
         self._query_vectors = QueryVectorCache(
             config.query_cache_entries, lambda outcome: metrics.query_cache.labels(outcome).inc()
         )
-        self._batchers: dict[str, QueryBatcher] = {}
-        self._batchers_lock = threading.Lock()
         self._sparse = sparse
         self._store = store
         self._registry = registry
@@ -116,23 +112,6 @@ class Retriever:
             registry=registry,
             rerank=self._reranker.score if self._reranker is not None else None,
         )
-
-    def _query_embedding(self, embedder: Embedder) -> Callable[[str], Vectors]:
-        """How a query is embedded with `embedder`: through the model's batcher (concurrent
-        requests' queries in one call, retrieval_api/query_batch.py) when it can embed several
-        queries at once and batching is on, else alone."""
-        if self.config.query_batch_max <= 1 or not isinstance(embedder, QueryBatchEmbedder):
-            return embedder.embed_query
-        key = embedder.spec.model_version
-        with self._batchers_lock:
-            batcher = self._batchers.get(key)
-            if batcher is None:
-                batcher = self._batchers[key] = QueryBatcher(
-                    embedder.embed_queries,
-                    max_batch=self.config.query_batch_max,
-                    observe=self._metrics.query_batch.observe,
-                )
-        return batcher.embed
 
     @property
     def registry(self) -> IndexRegistry:
@@ -214,10 +193,7 @@ class Retriever:
             calibration = self.calibration(index)
         with stage("embed"):
             query_vector = self._query_vectors.vector(
-                request.tenant,
-                embedder.spec.model_version,
-                request.query,
-                self._query_embedding(embedder),
+                request.tenant, embedder.spec.model_version, request.query, embedder.embed_query
             )
         with stage("search"):
             raw = self.search.gather(

@@ -59,17 +59,6 @@ class Embedder(Protocol):
         ...
 
 
-@runtime_checkable
-class QueryBatchEmbedder(Protocol):
-    """An embedder that can embed several queries in one model call (Retrieve batches the
-    queries of concurrent requests through it)."""
-
-    def embed_queries(self, texts: Sequence[str]) -> Vectors:
-        """The vectors of `texts` as queries (query prefix applied), in input order; each row
-        equal to `embed_query` of its text."""
-        ...
-
-
 def with_prefix(prefix: str, texts: Sequence[str]) -> list[str]:
     """`texts` with `prefix` prepended (the exact strings the model sees)."""
     _require_strings(texts)

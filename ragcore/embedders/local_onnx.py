@@ -274,11 +274,6 @@ class LocalOnnxEmbedder:
         vectors = self._embed(with_prefix(self._spec.query_prefix, [text]))
         return vectors.reshape(self._spec.dimension)
 
-    def embed_queries(self, texts: Sequence[str]) -> Vectors:
-        """The vectors of several queries in one model call (rows equal `embed_query`'s: padded
-        positions are masked out of attention and pooling)."""
-        return self._embed(with_prefix(self._spec.query_prefix, texts))
-
     def check(self) -> None:
         """Embed one short text; raises `EmbeddingError` when the session is closed or broken."""
         self.embed_query("ragstream health check")

@@ -179,10 +179,6 @@ class OpenAIEmbedder:
             self._spec.dimension
         )
 
-    def embed_queries(self, texts: Sequence[str]) -> Vectors:
-        """The vectors of several queries in one request (query prefix applied)."""
-        return self._embed(with_prefix(self._spec.query_prefix, texts))
-
     def check(self) -> None:
         """Embed one short text: proves reachability, the key, the model and the dimension."""
         self._embed(["ragstream health check"])

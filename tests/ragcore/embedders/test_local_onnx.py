@@ -327,17 +327,3 @@ def test_onnx_agrees_with_the_reference(
     # 0.9983 for "Hello". Such inputs are not chunks, but they must still be close.
     tiny = {t: cosines[t] for t in TINY_SAMPLES}
     assert min(tiny.values()) >= 0.995, tiny
-
-
-@pytest.mark.unit
-def test_queries_embedded_together_equal_each_alone_bit_for_bit(
-    embedder: LocalOnnxEmbedder,
-) -> None:
-    """Retrieve embeds concurrent requests' queries in one call (retrieval_api/query_batch.py):
-    a result must not depend on which queries shared the batch, so rows must be exact."""
-    queries = ["a", "refund?", *SAMPLES, "how do I reset the badge reader B-77 at the dock " * 6]
-    alone = np.stack([embedder.embed_query(q) for q in queries])
-    together = embedder.embed_queries(queries)
-    assert together.dtype == np.float32 and together.shape == alone.shape
-    assert np.array_equal(together, alone)
-    assert np.array_equal(embedder.embed_queries(queries[::-1]), alone[::-1])
