@@ -206,7 +206,7 @@ class Bm25Encoder:
         out: list[Word] = []
         for match in _COMPOUND.finditer(text):
             original = match.group()
-            tokens = self._word_tokens(original.lower())
+            tokens = self._word_tokens_of_surface(original)
             if tokens:
                 out.append(Word(tokens, identifiers and is_identifier(original)))
         return out
@@ -233,7 +233,7 @@ class Bm25Encoder:
         """The sparse indices of one surface word's tokens (memoized in `_word_indices`: the
         document encoder's hot path, one lookup per word instead of a `Word` and a hash per
         token)."""
-        return tuple(token_index(t) for t in self._word_tokens(surface_word.lower()))
+        return tuple(token_index(t) for t in self._word_tokens_of_surface(surface_word))
 
     def counts(self, text: str) -> tuple[Counter[str], int]:
         """Token counts and surface length of a text (cached: Retrieve scores the same chunks

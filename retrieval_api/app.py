@@ -172,14 +172,17 @@ def build_app(
     return app
 
 
-async def serve(app: RetrieveApp) -> None:
-    """Serve until SIGTERM/SIGINT, then shut down gracefully."""
+async def serve(app: RetrieveApp, on_start: Callable[[int], None] | None = None) -> None:
+    """Serve until SIGTERM/SIGINT, then shut down gracefully; `on_start` gets the bound port
+    once the server serves."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await app.server.start()
     log.info("Retrieve serving on %s:%d", app.settings.grpc.host, app.server.port)
+    if on_start is not None:
+        on_start(app.server.port)
     await stop.wait()
     log.info("shutting down: draining in-flight requests")
     await app.server.stop()

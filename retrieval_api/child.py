@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from ragcore.errors import RagstreamError
 from ragcore.store.host import HostedStore
-from retrieval_api.app import RetrieveApp, build_app
+from retrieval_api.app import build_app, serve
 from retrieval_api.processes import ChildSpec
 
 log = logging.getLogger("retrieval_api.child")
@@ -50,24 +50,13 @@ def _say(doc: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-async def _serve(app: RetrieveApp) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    def orphaned() -> None:
-        # the raw descriptor, not sys.stdin: a daemon thread blocked in a buffered read holds
-        # its lock at interpreter shutdown, which aborts the process
-        while os.read(0, 4096):
-            pass  # nothing more is sent; EOF means the parent closed the pipe or died
-        loop.call_soon_threadsafe(stop.set)
-
-    threading.Thread(target=orphaned, name="parent-watch", daemon=True).start()
-    await app.server.start()
-    _say({"ready": app.server.port})
-    await stop.wait()
-    await app.server.stop()
+def _stop_when_orphaned() -> None:
+    """SIGTERM this process once stdin reaches EOF: the parent closed the pipe or died."""
+    # the raw descriptor, not sys.stdin: a daemon thread blocked in a buffered read holds its
+    # lock at interpreter shutdown, which aborts the process
+    while os.read(0, 4096):
+        pass  # nothing more is sent after the spec
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main() -> int:
@@ -88,8 +77,9 @@ def main() -> int:
         log.error("cannot start: [%s] %s", exc.code, exc)
         _say({"error": exc.code, "message": str(exc)})
         return 2
+    threading.Thread(target=_stop_when_orphaned, name="parent-watch", daemon=True).start()
     try:
-        asyncio.run(_serve(app))
+        asyncio.run(serve(app, on_start=lambda port: _say({"ready": port})))
     finally:
         app.close()
         if store is not None:

@@ -118,7 +118,7 @@ class RetrieveProcesses:
 
     def _start(self) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="ragstream-retrieve-"))  # mode 0700
-        (self._dir / "metrics").mkdir()
+        Path(self._metrics_dir).mkdir()
         address: str | None = None
         key: bytes | None = None
         store = self._given_store
@@ -134,7 +134,7 @@ class RetrieveProcesses:
         self.port = self._settings.grpc.port or _free_port(self._settings.grpc.host)
         settings = child_settings(self._settings, self.port, self.processes)
         spec = pickle.dumps(ChildSpec(settings, address, key, self._sor))
-        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self._dir / "metrics")}
+        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": self._metrics_dir}
         for _ in range(self.processes):
             process = subprocess.Popen(
                 [sys.executable, "-m", "retrieval_api.child"],
@@ -177,16 +177,21 @@ class RetrieveProcesses:
     # --- running ----------------------------------------------------------------------------
 
     @property
+    def _metrics_dir(self) -> str:
+        """Where the server processes write their metrics (prometheus multiprocess mode)."""
+        if self._dir is None:
+            raise RagstreamError("the Retrieve processes were not started")
+        return str(self._dir / "metrics")
+
+    @property
     def pids(self) -> list[int]:
         """The server processes' pids."""
         return [c.process.pid for c in self._children]
 
     def metrics_registry(self) -> CollectorRegistry:
         """A registry summing every server process's metrics (for the parent's /metrics)."""
-        if self._dir is None:
-            raise RagstreamError("the Retrieve processes were not started")
         registry = CollectorRegistry()
-        MultiProcessCollector(registry, path=str(self._dir / "metrics"))  # type: ignore[no-untyped-call]
+        MultiProcessCollector(registry, path=self._metrics_dir)  # type: ignore[no-untyped-call]
         return registry
 
     def cpu_seconds(self) -> float:
@@ -230,7 +235,7 @@ class RetrieveProcesses:
                 if stream is not None:
                     stream.close()
             if self._dir is not None:
-                mark_process_dead(child.process.pid, str(self._dir / "metrics"))  # type: ignore[no-untyped-call]
+                mark_process_dead(child.process.pid, self._metrics_dir)  # type: ignore[no-untyped-call]
         self._children.clear()
         if self._host is not None:
             self._host.close()

@@ -31,6 +31,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from itertools import islice
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from pathlib import Path
@@ -78,6 +79,8 @@ _NEXT = "next"
 #: Idle connections a `HostedStore` keeps (more callers than this open and close their own).
 _POOL = 32
 _ACCEPT_POLL_S = 0.2
+#: A request on the wire: (method, positional arguments, keyword arguments).
+_Request = tuple[str, tuple[Any, ...], dict[str, Any]]
 #: Raised again in the caller as they are: ragstream's typed errors, and the programming errors
 #: a store raises for bad arguments. Anything else becomes a StoreError naming it.
 _AS_IS = (RagstreamError, ValueError, TypeError)
@@ -179,7 +182,7 @@ class StoreHost:
                     if method == _NEXT:
                         if scan is None:
                             raise StoreError("store host: no scroll in progress")
-                        page = _page(scan, batch)
+                        page = list(islice(scan, batch))
                         if len(page) < batch:
                             scan = None
                         reply: tuple[str, Any] = ("ok", page)
@@ -224,15 +227,6 @@ class StoreHost:
         self.address.unlink(missing_ok=True)
 
 
-def _page(scan: Iterator[StoredPoint], batch: int) -> list[StoredPoint]:
-    page: list[StoredPoint] = []
-    for point in scan:
-        page.append(point)
-        if len(page) == batch:
-            break
-    return page
-
-
 class HostedStore:
     """A `VectorStore` whose every call runs in a `StoreHost` of another process."""
 
@@ -263,7 +257,7 @@ class HostedStore:
     def _exchange(
         self,
         conn: Connection,
-        message: tuple[str, tuple[Any, ...], dict[str, Any]],
+        message: _Request,
         *,
         timeout_s: float | None,
     ) -> tuple[str, Any]:
@@ -438,18 +432,13 @@ class HostedStore:
     ) -> Iterator[StoredPoint]:
         """See `VectorStore.scroll`: pages of `batch` points over a connection of its own,
         closed when the scan ends or is abandoned."""
-        if batch < 1:
-            raise StoreError("scroll batch must be >= 1")
-        selected = fields  # as given: the store checks it (a bare string is refused there)
+        if batch <= 0:  # checked here: the host would only see an empty first page
+            raise ValueError(f"batch must be > 0, got {batch}")
         conn = self._connect()
         try:
-            options: dict[str, Any] = {"batch": batch, "with_vectors": with_vectors}
-            options["fields"] = selected
-            request: tuple[str, tuple[Any, ...], dict[str, Any]] = (
-                _SCROLL,
-                (name, filter),
-                options,
-            )
+            # `fields` as given: the store checks it (a bare string is refused there)
+            options = {"batch": batch, "with_vectors": with_vectors, "fields": fields}
+            request: _Request = (_SCROLL, (name, filter), options)
             while True:
                 status, value = self._exchange(conn, request, timeout_s=self._timeout_s)
                 if status == "error":

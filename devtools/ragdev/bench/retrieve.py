@@ -433,7 +433,7 @@ class _Server:
 
 
 @contextmanager
-def _in_process(app: RetrieveApp, registry: CollectorRegistry) -> Iterator[tuple[str, Any]]:
+def _in_process(app: RetrieveApp) -> Iterator[tuple[str, Callable[[], float]]]:
     """The app's gRPC server on a loopback port in a background event loop of this process
     (`grpc.processes` = 1: the store, the pipeline and the server share one process)."""
     loop = asyncio.new_event_loop()
@@ -451,7 +451,7 @@ def _in_process(app: RetrieveApp, registry: CollectorRegistry) -> Iterator[tuple
 
 
 @contextmanager
-def _in_processes(group: RetrieveProcesses) -> Iterator[tuple[str, Any]]:
+def _in_processes(group: RetrieveProcesses) -> Iterator[tuple[str, Callable[[], float]]]:
     """`RetrieveProcesses`: its server processes, and this process hosting the store for them
     (what `ragstream serve` does with RAGSTREAM_GRPC__PROCESSES > 1)."""
     group.start()
@@ -620,7 +620,7 @@ def _measure_variants(
                 if count == 1:
                     registry = CollectorRegistry()
                     app = build_app(settings, registry, store=store, embedder=embedder, sor=sor)
-                    target, cpu = stack.enter_context(_in_process(app, registry))
+                    target, cpu = stack.enter_context(_in_process(app))
                 else:
                     group = RetrieveProcesses(settings, processes=count, store=store, sor=sor)
                     target, cpu = stack.enter_context(_in_processes(group))
