@@ -98,7 +98,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from ragcore.embedders import build_embedder
-    from ragcore.embedders.models import EmbeddingModels
+    from ragcore.embedding_models import EmbeddingModels
     from ragcore.rerankers import build_reranker
     from ragcore.sparse import Bm25Encoder
     from ragcore.wiring import build_registry, build_store, payload_schema

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from ragcore.embedders.base import Embedder
-from ragcore.embedders.models import EmbeddingModels
+from ragcore.embedding_models import EmbeddingModels
 from ragcore.errors import IndexNotFoundError, ManifestMismatchError, RagstreamError
 from ragcore.publish import Publisher
 from ragcore.sor.base import SystemOfRecord

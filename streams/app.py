@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, start_http_server
 
 from ragcore.embedders.base import Embedder
-from ragcore.embedders.models import EmbeddingModels
+from ragcore.embedding_models import EmbeddingModels
 from ragcore.errors import ConfigError, RagstreamError, SorUnavailableError
 from ragcore.plan import Plan, plan_event
 from ragcore.prepare import Preparer
