@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -103,14 +103,73 @@ def env_rows(services: Mapping[str, type[BaseModel]]) -> list[tuple[EnvRow, list
     return sorted(used.items(), key=lambda item: (item[0].variable, item[0].variant))
 
 
-def markdown(services: Mapping[str, type[BaseModel]]) -> str:
-    """The README's variable table, between its markers."""
+_BOTH = ["ingest", "retrieve"]
+#: Standard OpenTelemetry variables the services act on themselves (ragcore/tracing.py; the
+#: SDK reads the rest of its `OTEL_*` variables: sampler, headers, timeouts, batching).
+OTEL_ROWS: tuple[tuple[EnvRow, list[str]], ...] = (
+    (
+        EnvRow(
+            "OTEL_SDK_DISABLED",
+            "",
+            "false",
+            "true: no tracing, whatever else is set (docs/decisions/tracing.md).",
+        ),
+        _BOTH,
+    ),
+    (
+        EnvRow(
+            "OTEL_TRACES_EXPORTER",
+            "",
+            "unset",
+            "otlp and/or console turn tracing on; none turns it off. Unset: on when an OTLP "
+            "endpoint is set.",
+        ),
+        _BOTH,
+    ),
+    (
+        EnvRow(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "",
+            "unset",
+            "OTLP collector, e.g. http://otel-collector:4317; setting it (or "
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) turns tracing on.",
+        ),
+        _BOTH,
+    ),
+    (
+        EnvRow(
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "",
+            "grpc",
+            "grpc or http/protobuf (also OTEL_EXPORTER_OTLP_TRACES_PROTOCOL).",
+        ),
+        _BOTH,
+    ),
+    (
+        EnvRow(
+            "OTEL_SERVICE_NAME",
+            "",
+            "ragstream-ingest, ragstream-retrieve",
+            "The spans' service.name.",
+        ),
+        _BOTH,
+    ),
+)
+
+
+def markdown(
+    services: Mapping[str, type[BaseModel]],
+    standard: Sequence[tuple[EnvRow, list[str]]] = OTEL_ROWS,
+) -> str:
+    """The README's variable table, between its markers: the settings' variables and the
+    `standard` ones the services read besides."""
     lines = [
         START,
         "| variable | used by | variant | default | meaning |",
         "|---|---|---|---|---|",
     ]
-    for row, users in env_rows(services):
+    rows = sorted([*env_rows(services), *standard], key=lambda item: item[0].variable)
+    for row, users in rows:
         cells = [
             f"`{row.variable}`",
             ", ".join(users),

@@ -19,6 +19,7 @@ from ragcore.rerankers import build_reranker
 from ragcore.sor.base import SystemOfRecord
 from ragcore.store.base import VectorStore
 from ragcore.store.registry import IndexRegistry
+from ragcore.tracing import Tracing
 from ragcore.wiring import Closable, build_core
 from retrieval_api.metrics import RetrieveMetrics
 from retrieval_api.processes import RetrieveProcesses
@@ -85,8 +86,10 @@ def build_app(
     sor: SystemOfRecord | None = None,
     publisher: Publisher | None = None,
     next_embedder: Embedder | None = None,
+    tracing: Tracing | None = None,
 ) -> RetrieveApp:
-    """Wire the server from settings; parts may be injected (embedded stack, tests)."""
+    """Wire the server from settings; parts may be injected (embedded stack, tests);
+    `tracing` defaults to what the `OTEL_*` variables configure."""
     rerank = settings.retrieval.rerank_enabled
     if rerank and settings.reranker is None:
         raise ConfigError(
@@ -118,6 +121,9 @@ def build_app(
     )
     if own_reranker is not None:
         created.append(own_reranker)
+    own_tracing = tracing or Tracing.from_env("ragstream-retrieve")
+    if tracing is None:
+        created.append(own_tracing)
     retriever = Retriever(
         config=settings.retrieval,
         embedder=own_embedder,
@@ -133,6 +139,7 @@ def build_app(
         reranker=own_reranker,
         attribute_fields=tuple(settings.retrieval.keyword_filter_fields),
         other_embedders=[own_next] if own_next is not None else [],
+        tracing=own_tracing,
     )
 
     model_check = _Throttled(retriever.check_models, settings.model_check_interval_s)

@@ -123,6 +123,7 @@ def request_record(
         "timings_ms": timings,
         "total_ms": timings.get("total"),
         "error_code": pack.error.code if pack.HasField("error") else None,
+        "trace_id": pack.trace_id or None,
     }
 
 

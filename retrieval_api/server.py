@@ -22,6 +22,7 @@ carries the stable ragstream code in the trailing metadata `ragstream-error-code
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import logging
 import time
@@ -48,6 +49,7 @@ from ragcore.sor.sql import SorUnavailableError
 from retrieval_api.evidence import error_pack
 from retrieval_api.service import DeadlineExceededError, Retriever
 from retrieval_api.settings import AuthSettings, GrpcSettings
+from retrieval_api.tracing import TracingInterceptor
 from retrieval_api.validate import (
     PermissionDeniedError,
     RequestValidationError,
@@ -139,13 +141,16 @@ class RetrievalServicer(pb_grpc.RetrievalServiceServicer):
         started = time.perf_counter()
         tenant = ""
         try:
-            tenant = self._auth.tenant_of(context)
-            validated = validate_request(request, self._retriever.config, tenant)
+            with self._retriever.tracing.span("retrieve.validate"):
+                tenant = self._auth.tenant_of(context)
+                validated = validate_request(request, self._retriever.config, tenant)
             remaining = context.time_remaining()
             deadline = time.monotonic() + remaining if remaining is not None else None
             loop = asyncio.get_running_loop()
+            # a copy of the call's context: the pipeline's spans are children of the call's
+            call = contextvars.copy_context()
             return await loop.run_in_executor(
-                self._pool, self._retriever.retrieve, validated, deadline
+                self._pool, call.run, self._retriever.retrieve, validated, deadline
             )
         except RagstreamError as exc:
             code = status_of(exc)
@@ -264,7 +269,7 @@ class RetrieveServer:
     def _build(self) -> grpc.aio.Server:
         # an aio server belongs to the event loop it is created in: build it in `start`
         server = grpc.aio.server(
-            interceptors=[self._interceptor],
+            interceptors=[self._interceptor, TracingInterceptor(self._retriever.tracing)],
             maximum_concurrent_rpcs=self._settings.max_concurrent_rpcs,
         )
         pb_grpc.add_RetrievalServiceServicer_to_server(

@@ -22,6 +22,7 @@ from ragcore.sor.base import SystemOfRecord
 from ragcore.sparse import Bm25Encoder
 from ragcore.store.base import VectorStore
 from ragcore.store.registry import IndexRegistry, ResolvedIndex
+from ragcore.tracing import Tracing
 from retrieval_api.audit import fingerprint_query, request_record, result_records
 from retrieval_api.candidates import CalibrationMismatchError, CandidateSearch, finish
 from retrieval_api.config import RetrievalConfig
@@ -83,9 +84,11 @@ class Retriever:
         attribute_fields: Sequence[str] = (),
         other_embedders: Sequence[Embedder] = (),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        tracing: Tracing | None = None,
     ) -> None:
         """`embedder` is the primary model; `other_embedders` (e.g. the next model during a
-        model change) let versions built with them be searched too."""
+        model change) let versions built with them be searched too; `tracing` gives each stage
+        a span (off by default)."""
         if config.rerank_enabled and reranker is None:
             raise RagstreamError("retrieval.rerank_enabled is set but no reranker is configured")
         self.config = config
@@ -105,6 +108,7 @@ class Retriever:
         self._reranker = reranker if config.rerank_enabled else None
         self._attribute_fields = tuple(attribute_fields)
         self._clock = clock
+        self.tracing = tracing or Tracing.off()
         self.search = CandidateSearch(
             config=config,
             encoder=sparse,
@@ -186,7 +190,7 @@ class Retriever:
         timings: dict[str, float] = {}
         started = time.perf_counter()
         requested_at = self._clock()
-        stage = _Stages(timings, self._metrics, deadline)
+        stage = _Stages(timings, self._metrics, deadline, self.tracing)
 
         with stage("resolve"):
             index, embedder = self.resolve(request.tenant, request.index_version)
@@ -252,6 +256,7 @@ class Retriever:
         # the evidence stage ends after the pack copied the timings: record it and the total
         pack.timings_ms["evidence"] = timings["evidence"]
         pack.timings_ms["total"] = (time.perf_counter() - started) * 1000
+        pack.trace_id = self.tracing.current_trace_id()
         self._after(pack, request, requested_at)
         return pack
 
@@ -282,6 +287,7 @@ class Retriever:
 
     def record_failure(self, pack: pb.EvidencePack, query: str, at: datetime) -> None:
         """Count and audit a request that failed before or during the pipeline."""
+        pack.trace_id = self.tracing.current_trace_id()
         self._metrics.requests.labels(_STATUS[pack.status]).inc()
         self.audit(pack, query, at)
 
@@ -297,14 +303,20 @@ class Retriever:
 
 
 class _Stages:
-    """Times named stages into `timings` (ms) and the stage histogram; enforces the deadline."""
+    """Times named stages into `timings` (ms) and the stage histogram, each in a span of its
+    own; enforces the deadline."""
 
     def __init__(
-        self, timings: dict[str, float], metrics: RetrieveMetrics, deadline: float | None
+        self,
+        timings: dict[str, float],
+        metrics: RetrieveMetrics,
+        deadline: float | None,
+        tracing: Tracing,
     ) -> None:
         self._timings = timings
         self._metrics = metrics
         self._deadline = deadline
+        self._tracing = tracing
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -313,7 +325,8 @@ class _Stages:
         started = time.perf_counter()
         cpu = time.thread_time()
         try:
-            yield
+            with self._tracing.span(f"retrieve.{name}"):
+                yield
         finally:
             elapsed = time.perf_counter() - started
             self._timings[name] = elapsed * 1000

@@ -21,6 +21,7 @@ from ragcore.prepare import Preparer
 from ragcore.sor.base import SystemOfRecord
 from ragcore.store.base import VectorStore
 from ragcore.store.registry import IndexRegistry
+from ragcore.tracing import Tracing
 from ragcore.wiring import Closable, build_core, new_tenant_placement, payload_schema
 from schemas.events import ChangeEvent, RawRecord
 from streams.consumer import ConsumerLoop, install_signal_handlers
@@ -185,9 +186,10 @@ def build_worker(
     store: VectorStore | None = None,
     embedder: Embedder | None = None,
     next_embedder: Embedder | None = None,
+    tracing: Tracing | None = None,
 ) -> IngestWorker:
     """Wire a worker from settings; `store`, `embedder` and `next_embedder` may be injected
-    (embedded stack, tests)."""
+    (embedded stack, tests); `tracing` defaults to what the `OTEL_*` variables configure."""
     # configuration mistakes first, before the model loads
     consumer = settings.consumer.model_copy(
         update={"topics": consumed_topics(settings.consumer.topics, settings)}
@@ -248,7 +250,8 @@ def build_worker(
         reindex_topic=settings.consumer.reindex_topic,
         other_models=[(e, Preparer(e.spec, settings.chunking)) for e in list(models)[1:]],
     )
-    loop = ConsumerLoop(settings.kafka, consumer, handler, metrics)
+    own_tracing = tracing or Tracing.from_env("ragstream-ingest")
+    loop = ConsumerLoop(settings.kafka, consumer, handler, metrics, tracing=own_tracing)
     return IngestWorker(
         settings=settings,
         loop=loop,
@@ -263,7 +266,7 @@ def build_worker(
             registry, dedicated_above_points=settings.store.dedicated_above_points
         ),
         sor=sor,
-        owned=tuple(core.owned),
+        owned=(*core.owned, *([own_tracing] if tracing is None else [])),
     )
 
 

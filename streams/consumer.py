@@ -36,6 +36,7 @@ from ragcore.errors import (
     StoreUnavailableError,
 )
 from ragcore.kafka_config import KafkaSettings
+from ragcore.tracing import Tracing
 from schemas.events import RawRecord
 from streams.metrics import IngestMetrics
 
@@ -177,8 +178,10 @@ class ConsumerLoop:
         metrics: IngestMetrics,
         *,
         sleep: Callable[[float], None] = time.sleep,
+        tracing: Tracing | None = None,
     ) -> None:
         self._kafka = kafka
+        self._tracing = tracing or Tracing.off()
         self._config = config
         self._handler = handler
         self._metrics = metrics
@@ -320,6 +323,26 @@ class ConsumerLoop:
                 log.warning("consumer error (retried by librdkafka): %s", err)
         if not records:
             return 0
+        with self._tracing.span("ingest.batch", self._batch_attributes(records)) as span:
+            handled = self._apply(records)
+            if span is not None:
+                span.set_attribute("ragstream.outcome", "committed" if handled else "retried")
+        return handled
+
+    def _batch_attributes(self, records: Sequence[RawRecord]) -> dict[str, str | int]:
+        """The batch span's attributes (OpenTelemetry messaging conventions)."""
+        if not self._tracing.enabled:
+            return {}
+        return {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "process",
+            "messaging.consumer.group.name": self._config.group_id,
+            "messaging.batch.message_count": len(records),
+            "ragstream.partitions": len({(r.topic, r.partition) for r in records}),
+        }
+
+    def _apply(self, records: Sequence[RawRecord]) -> int:
+        """Handle, dead-letter and commit one batch; 0 when it was rewound for a retry."""
         self._metrics.batch_size.observe(len(records))
         try:
             letters = self._handler.handle(records)

@@ -31,6 +31,7 @@ from ragcore.prepare import Preparer
 from ragcore.settings import SorSettings, StoreSettings
 from ragcore.store.base import Placement, VectorStore
 from ragcore.store.edge import EdgeStore
+from ragcore.tracing import Tracing
 from ragcore.wiring import build_store, payload_schema
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value, topic_for
 from retrieval_api.app import RetrieveApp, build_app
@@ -77,10 +78,12 @@ class Stack:
         embedder: Embedder,
         *,
         placement: Placement | None = None,
+        tracing: Tracing | None = None,
         **retrieval: Any,
     ) -> None:
         """`placement`: None for an engine store (dedicated collections), else the tiered
-        store `ragstream` builds with every new tenant placed so."""
+        store `ragstream` builds with every new tenant placed so; `tracing`: the server's
+        (default: off, whatever the environment says)."""
         self.dsn = dsn
         self.table = f"entities_{uuid.uuid4().hex[:8]}"
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -121,7 +124,12 @@ class Stack:
             retrieval=retrieval.get("retrieval", RetrieveSettings().retrieval),
         )
         self.app: RetrieveApp = build_app(
-            settings, self.registry, store=self.store, embedder=embedder, publisher=self.publisher
+            settings,
+            self.registry,
+            store=self.store,
+            embedder=embedder,
+            publisher=self.publisher,
+            tracing=tracing or Tracing.off(),
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)

@@ -768,6 +768,7 @@ class EvidencePack(_message.Message):
     EXCLUDED_FIELD_NUMBER: _builtins.int
     DEBUG_FIELD_NUMBER: _builtins.int
     TIMINGS_MS_FIELD_NUMBER: _builtins.int
+    TRACE_ID_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     status: Global___RetrievalStatus.ValueType
     tenant: _builtins.str
@@ -784,6 +785,11 @@ class EvidencePack(_message.Message):
     confidence: Global___Confidence.ValueType
     order_by: _builtins.str
     """What ordered the results, e.g. "rrf(dense 1, lexical 1, k 60)" or "evidence"."""
+    trace_id: _builtins.str
+    """The W3C trace id (32 lowercase hex digits) of the request's trace: the caller's, when it
+    sent a `traceparent` in the gRPC metadata, else the one ragstream started; "" when tracing
+    is off and the caller sent none (docs/decisions/tracing.md).
+    """
     @_builtins.property
     def error(self) -> Global___Error:
         """Set when status is FAILED."""
@@ -828,10 +834,11 @@ class EvidencePack(_message.Message):
         excluded: _abc.Iterable[Global___Exclusion] | None = ...,
         debug: Global___DebugCounters | None = ...,
         timings_ms: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        trace_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_index_version", b"_index_version", "_min_score", b"_min_score", "calibration", b"calibration", "debug", b"debug", "error", b"error", "filters_applied", b"filters_applied", "index_version", b"index_version", "min_score", b"min_score"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_index_version", b"_index_version", "_min_score", b"_min_score", "calibration", b"calibration", "confidence", b"confidence", "debug", b"debug", "embedding_model_version", b"embedding_model_version", "error", b"error", "excluded", b"excluded", "filters_applied", b"filters_applied", "index_name", b"index_name", "index_version", b"index_version", "min_score", b"min_score", "order_by", b"order_by", "request_id", b"request_id", "results", b"results", "results_returned", b"results_returned", "score_kind", b"score_kind", "similarity_metric", b"similarity_metric", "sources", b"sources", "status", b"status", "tenant", b"tenant", "timings_ms", b"timings_ms", "top_k_requested", b"top_k_requested"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_index_version", b"_index_version", "_min_score", b"_min_score", "calibration", b"calibration", "confidence", b"confidence", "debug", b"debug", "embedding_model_version", b"embedding_model_version", "error", b"error", "excluded", b"excluded", "filters_applied", b"filters_applied", "index_name", b"index_name", "index_version", b"index_version", "min_score", b"min_score", "order_by", b"order_by", "request_id", b"request_id", "results", b"results", "results_returned", b"results_returned", "score_kind", b"score_kind", "similarity_metric", b"similarity_metric", "sources", b"sources", "status", b"status", "tenant", b"tenant", "timings_ms", b"timings_ms", "top_k_requested", b"top_k_requested", "trace_id", b"trace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__index_version: _TypeAlias = _typing.Literal["index_version"]  # noqa: Y015
     _WhichOneofArgType__index_version: _TypeAlias = _typing.Literal["_index_version", b"_index_version"]  # noqa: Y015
