@@ -27,6 +27,17 @@ class RagstreamError(Exception):
         return str(self)
 
 
+class UnavailableError(RagstreamError):
+    """A dependency is overloaded or unreachable; retry later (backpressure). Each dependency
+    has its own subclass and code; `retry_after` is the dependency's hint in seconds, if any."""
+
+    code = "UNAVAILABLE"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class ConfigError(RagstreamError):
     """Settings are missing or inconsistent."""
 
@@ -81,14 +92,10 @@ class EmbeddingError(RagstreamError):
     code = "EMBEDDING_FAILED"
 
 
-class EmbeddingUnavailableError(EmbeddingError):
+class EmbeddingUnavailableError(EmbeddingError, UnavailableError):
     """The embedder is overloaded or unreachable; retry later (backpressure)."""
 
     code = "EMBEDDING_UNAVAILABLE"
-
-    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 class EmbeddingDimensionError(EmbeddingError):
@@ -106,14 +113,10 @@ class StoreError(RagstreamError):
     code = "STORE_ERROR"
 
 
-class StoreUnavailableError(StoreError):
+class StoreUnavailableError(StoreError, UnavailableError):
     """The vector store is unreachable or overloaded; retry later (backpressure)."""
 
     code = "STORE_UNAVAILABLE"
-
-    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 class IndexNotFoundError(StoreError):
@@ -131,7 +134,7 @@ class ManifestMismatchError(StoreError):
 # --- system of record ------------------------------------------------------------------------
 
 
-class SorUnavailableError(RagstreamError):
+class SorUnavailableError(UnavailableError):
     """The system of record cannot be reached or refused the query (retryable)."""
 
     code = "SOR_UNAVAILABLE"
@@ -147,7 +150,7 @@ class SorTableError(RagstreamError):
 # --- Kafka -----------------------------------------------------------------------------------
 
 
-class DeadLetterUnavailableError(RagstreamError):
+class DeadLetterUnavailableError(UnavailableError):
     """Records bound for the DLQ topic were not acknowledged by the broker (retryable)."""
 
     code = "DLQ_UNAVAILABLE"

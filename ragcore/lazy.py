@@ -3,10 +3,12 @@ adapter's heavy dependencies (onnxruntime, openai, prometheus_client)."""
 
 from __future__ import annotations
 
+import functools
 import importlib
+import operator
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 
 def lazy_attributes(
@@ -30,3 +32,17 @@ def lazy_attributes(
         return value
 
     return getattr_
+
+
+def kind_union(from_modules: Mapping[str, str], *names: str) -> Callable[[], Any]:
+    """A `computed` builder of the union of the config classes `names` (each imported from its
+    module in `from_modules` only when built), told apart by their `kind` field: what settings
+    validate an adapter's config with."""
+
+    def build() -> Any:
+        from pydantic import Field  # noqa: PLC0415 - only needed with the adapters
+
+        classes = [getattr(importlib.import_module(from_modules[n]), n) for n in names]
+        return Annotated[functools.reduce(operator.or_, classes), Field(discriminator="kind")]
+
+    return build

@@ -1,41 +1,47 @@
 """Shared fixtures: real services on loopback, started by the tests themselves.
 
 Under CI (`CI=true`) a skipped test fails the run unless it is marked `external` (it needs a
-service that cannot exist on this machine kind, e.g. a Docker engine): CI can never go green
-by skipping the broker, Postgres or storage-engine suites.
+service that cannot exist on this machine kind, e.g. a Docker engine, or third-party files kept
+beside the checkout): CI can never go green by skipping the broker, Postgres or storage-engine
+suites.
+
+The tests are self-contained: a test not marked `external` that opens a file outside the
+checkout, the temp dir, the caches the tests create and the installed software fails
+(`tests/reads.py`).
 """
 
 from __future__ import annotations
 
 import ast
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
+from tests.reads import AUDIT
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _find_vectors() -> Path:
-    """The shared test vectors (never copied into the repo): `$RAGSTREAM_TEST_VECTORS`, else
-    `shared/vectors` beside the checkout or beside one of its ancestors, else
-    `/work/shared/vectors`, where these machines keep them (a checkout cloned elsewhere, e.g.
-    into a temp dir, still finds them)."""
+def find_vectors(start: Path = REPO_ROOT) -> Path | None:
+    """The third-party test vectors (not ours to copy into the repository): `shared/vectors`
+    beside the checkout or beside one of its ancestors, `$RAGSTREAM_TEST_VECTORS` when set;
+    None when there are none."""
     configured = os.environ.get("RAGSTREAM_TEST_VECTORS")
     if configured:
-        return Path(configured)
-    for base in REPO_ROOT.parents:
+        return Path(configured) if Path(configured).is_dir() else None
+    for base in start.parents:
         candidate = base / "shared" / "vectors"
         if candidate.is_dir():
             return candidate
-    return Path("/work/shared/vectors")
+    return None
 
 
-VECTORS = _find_vectors()
+VECTORS = find_vectors()
 
 
 def _in_ci() -> bool:
@@ -53,6 +59,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"skipped under CI (only `external` tests may skip): {reason}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Install the read audit (once per process: audit hooks cannot be removed)."""
+    if not getattr(sys, "_ragstream_read_audit", False):
+        sys.addaudithook(AUDIT)
+        sys._ragstream_read_audit = True  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """Fail a test (not marked `external`) that opened a file outside the checkout, the temp
+    dir, the tests' caches and the installed software while it ran."""
+    audited = item.get_closest_marker("external") is None
+    if audited:
+        AUDIT.arm()
+    try:
+        yield
+    finally:
+        outside = AUDIT.disarm()
+    if audited and outside:
+        pytest.fail(f"the test read outside the checkout: {outside}", pytrace=False)
 
 
 #: Every test has exactly one of these markers (see pyproject `markers`).
@@ -101,12 +129,21 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     report.longrepr = f"skipped at collection under CI (only `external` may skip): {reason}"
 
 
+def require_vectors() -> Path:
+    """The third-party test vectors, or a skip with the reason (tests that call this are marked
+    `external`, so a checkout without the vectors reports why instead of failing)."""
+    if VECTORS is None:
+        pytest.skip(
+            "third-party test vectors not found: no shared/vectors beside the checkout or its"
+            " parents, and RAGSTREAM_TEST_VECTORS is not set"
+        )
+    return VECTORS
+
+
 @pytest.fixture(scope="session")
 def vectors_dir() -> Path:
-    """The external test vectors (see `_find_vectors`); skipped (a failure under CI) when absent."""
-    if not VECTORS.is_dir():
-        pytest.skip(f"shared test vectors not found at {VECTORS}")
-    return VECTORS
+    """The third-party test vectors (`find_vectors`), skipped with the reason when absent."""
+    return require_vectors()
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from ragcore.embedders.base import (
     with_prefix,
 )
 from ragcore.embedders.spec import EmbeddingSpec
-from ragcore.lazy import lazy_attributes
+from ragcore.lazy import kind_union, lazy_attributes
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -83,17 +83,6 @@ _LAZY = {
 }
 
 
-def _config_union() -> Any:
-    from typing import Annotated  # noqa: PLC0415 - only needed with the adapters
-
-    from pydantic import Field  # noqa: PLC0415
-
-    from ragcore.embedders.local_onnx import LocalEmbedderConfig  # noqa: PLC0415
-    from ragcore.embedders.openai_http import OpenAIEmbedderConfig  # noqa: PLC0415
-
-    return Annotated[LocalEmbedderConfig | OpenAIEmbedderConfig, Field(discriminator="kind")]
-
-
 def _config_adapter() -> Any:
     from pydantic import TypeAdapter  # noqa: PLC0415
 
@@ -104,7 +93,10 @@ def _config_adapter() -> Any:
 __getattr__ = lazy_attributes(
     __name__,
     _LAZY,
-    {"EmbedderConfig": _config_union, "embedder_config_adapter": _config_adapter},
+    {
+        "EmbedderConfig": kind_union(_LAZY, "LocalEmbedderConfig", "OpenAIEmbedderConfig"),
+        "embedder_config_adapter": _config_adapter,
+    },
 )
 
 

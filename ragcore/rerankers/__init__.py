@@ -16,10 +16,10 @@ onnxruntime or httpx.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
-from ragcore.errors import RagstreamError
-from ragcore.lazy import lazy_attributes
+from ragcore.errors import RagstreamError, UnavailableError
+from ragcore.lazy import kind_union, lazy_attributes
 
 if TYPE_CHECKING:
     from ragcore.rerankers.http import HttpReranker, HttpRerankerConfig
@@ -47,14 +47,10 @@ class RerankError(RagstreamError):
     code = "RERANK_FAILED"
 
 
-class RerankUnavailableError(RerankError):
+class RerankUnavailableError(RerankError, UnavailableError):
     """The reranker is overloaded or unreachable; retry later."""
 
     code = "RERANK_UNAVAILABLE"
-
-    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 class RerankerAdapter(Protocol):
@@ -81,19 +77,12 @@ _LAZY = {
 }
 
 
-def _config_union() -> Any:
-    from typing import Annotated  # noqa: PLC0415 - only needed with the adapters
-
-    from pydantic import Field  # noqa: PLC0415
-
-    from ragcore.rerankers.http import HttpRerankerConfig  # noqa: PLC0415
-    from ragcore.rerankers.onnx_cross_encoder import OnnxRerankerConfig  # noqa: PLC0415
-
-    return Annotated[HttpRerankerConfig | OnnxRerankerConfig, Field(discriminator="kind")]
-
-
 #: Loads adapters (and their heavy dependencies) on first use.
-__getattr__ = lazy_attributes(__name__, _LAZY, {"RerankerConfig": _config_union})
+__getattr__ = lazy_attributes(
+    __name__,
+    _LAZY,
+    {"RerankerConfig": kind_union(_LAZY, "HttpRerankerConfig", "OnnxRerankerConfig")},
+)
 
 
 def build_reranker(config: RerankerConfig) -> RerankerAdapter:

@@ -51,7 +51,7 @@ from ragcore.store.base import (
     numeric_bounds,
     refuse_shared,
 )
-from ragcore.store.engine import QdrantEngine
+from ragcore.store.engine import QdrantEngine, engine_vectors
 from ragcore.store.engine import engine_payload as _payload
 from ragcore.store.ids import validate_collection_name
 
@@ -317,13 +317,10 @@ class EdgeStore(QdrantEngine):
         """Insert or overwrite points (always applied before returning, see module docs)."""
         if not points:
             return
-        converted = []
-        for p in points:
-            # a list converts faster than an ndarray into the engine's point (measured)
-            vector: dict[str, Any] = {DENSE_VECTOR: p.dense_array().tolist()}
-            if p.sparse is not None and len(p.sparse):
-                vector[SPARSE_VECTOR] = _to_sparse(p.sparse)
-            converted.append(qe.Point(p.point_id, vector, _payload(p, partition)))
+        converted = [
+            qe.Point(p.point_id, engine_vectors(p, _to_sparse), _payload(p, partition))
+            for p in points
+        ]
         self._write(name, qe.UpdateOperation.upsert_points(converted))
 
     def _selection(self, ids: Sequence[str] | None, partition: str | None) -> qe.Filter:

@@ -50,7 +50,7 @@ from ragcore.store.base import (
     numeric_bounds,
     refuse_shared,
 )
-from ragcore.store.engine import QdrantEngine
+from ragcore.store.engine import QdrantEngine, engine_vectors
 from ragcore.store.engine import engine_payload as _payload
 from ragcore.store.ids import (
     CATALOG_COLLECTION,
@@ -325,14 +325,12 @@ class QdrantRemoteStore(QdrantEngine):
         """Insert or overwrite points; with `wait` they are searchable on return."""
         if not points:
             return
-        structs = []
-        for p in points:
-            vector: dict[str, Any] = {DENSE_VECTOR: p.dense_array().tolist()}
-            if p.sparse is not None and len(p.sparse):
-                vector[SPARSE_VECTOR] = _to_sparse(p.sparse)
-            structs.append(
-                models.PointStruct(id=p.point_id, vector=vector, payload=_payload(p, partition))
+        structs = [
+            models.PointStruct(
+                id=p.point_id, vector=engine_vectors(p, _to_sparse), payload=_payload(p, partition)
             )
+            for p in points
+        ]
         _vendor(f"upsert {name}", lambda: self._client.upsert(name, points=structs, wait=wait))
 
     def _selection(self, ids: Sequence[str] | None, partition: str | None) -> models.Filter:

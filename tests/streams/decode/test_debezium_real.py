@@ -1,9 +1,12 @@
 """Conformance on real connector output: every record Debezium 3.6.3's PostgreSQL connector wrote
-into a Kafka-protocol broker (shared/vectors/debezium-real) goes through the worker's real
-handler without a single DLQ entry, each planned as Debezium meant it, and the index ends equal
-to the system of record.
+into a Kafka-protocol broker goes through the worker's real handler without a single DLQ entry,
+each planned as Debezium meant it, and the index ends equal to the system of record.
 
-How the records were produced (shared/recipes/debezium-connect): PostgreSQL 15, pgoutput,
+Two captures of the same change set: ours, in the repository (tests/data/debezium/, written by
+`devtools/capture_debezium.py` with the project's own launcher), and an earlier one kept beside
+the checkout under shared/vectors/debezium-real (its tests are `external`).
+
+How the records were produced: PostgreSQL 15, pgoutput,
 Kafka Connect 4.3 standalone, JsonConverter with `schemas.enable=true` for key and value,
 `decimal.handling.mode` and `time.precision.mode` at their defaults (precise, adaptive),
 `skipped.operations=none` (TRUNCATE emitted), no heartbeats, no transaction metadata. Table:
@@ -37,10 +40,14 @@ from schemas.events import RawRecord
 from streams.app import IngestWorker, build_worker
 from streams.decode import decode_record
 from streams.settings import IngestSettings
-from tests.conftest import VECTORS
+from tests.conftest import REPO_ROOT, require_vectors
 from tests.streams.support import HashEmbedder, index_snapshot
 
-CAPTURE = VECTORS / "debezium-real" / "pg15-debezium-3.6.3-connect-json.jsonl"
+#: Our capture (devtools/capture_debezium.py writes it).
+OWN = REPO_ROOT / "tests" / "data" / "debezium" / "entities-changeset.jsonl"
+SHARED = "debezium-real/pg15-debezium-3.6.3-connect-json.jsonl"
+#: The third-party capture's parameter: `external`, it exists only where shared/ does.
+SHARED_CAPTURE = pytest.param("shared", marks=pytest.mark.external)
 
 #: The captured table, as ragstream maps it.
 REAL_TABLE = TableMapping(
@@ -74,12 +81,16 @@ EXPECTED = [
 ]
 
 
-def captured() -> list[RawRecord]:
+def capture_lines(which: str) -> list[str]:
+    """The JSON lines of a capture: `own` (in the repository) or `shared` (beside it)."""
+    path = OWN if which == "own" else require_vectors() / SHARED
+    return path.read_text().splitlines()
+
+
+def captured(which: str) -> list[RawRecord]:
     """The capture as raw Kafka records (key and value were JSON documents on the wire)."""
-    if not CAPTURE.is_file():
-        pytest.skip(f"captured Debezium records not found at {CAPTURE}")  # a failure under CI
     out = []
-    for line in CAPTURE.read_text().splitlines():
+    for line in capture_lines(which):
         doc: dict[str, Any] = json.loads(line)
         headers = tuple((k, str(v).encode()) for k, v in (doc.get("headers") or {}).items())
         out.append(
@@ -100,9 +111,9 @@ def _hash(content: str, fmt: ContentFormat) -> str:
     return f"{fmt}:{len(content)}"
 
 
-@pytest.mark.unit
-def test_every_captured_record_decodes_and_plans_as_debezium_meant_it() -> None:
-    records = captured()
+@pytest.mark.parametrize("which", [pytest.param("own", marks=pytest.mark.unit), SHARED_CAPTURE])
+def test_every_captured_record_decodes_and_plans_as_debezium_meant_it(which: str) -> None:
+    records = captured(which)
     assert len(records) == len(EXPECTED)
     for raw, (action, reason, entity) in zip(records, EXPECTED, strict=True):
         plan = plan_event(decode_record(raw), PLAN, _hash)
@@ -113,9 +124,11 @@ def test_every_captured_record_decodes_and_plans_as_debezium_meant_it() -> None:
 
 
 @pytest.fixture
-def worker(tmp_path: Path) -> Iterator[IngestWorker]:
+def worker(tmp_path: Path, which: str) -> Iterator[IngestWorker]:
     """The worker's handler over qdrant-edge, with a SQLite SoR holding the table's final
-    state (after the whole change set only `e4` is left)."""
+    state (after the whole change set only `e4` is left, as the capture's last row has it)."""
+    last = json.loads(capture_lines(which)[-1])["value"]["payload"]["after"]
+    assert last["id"] == "e4", last
     sor = tmp_path / "sor.sqlite"
     with sqlite3.connect(sor) as conn:
         conn.execute(
@@ -123,8 +136,9 @@ def worker(tmp_path: Path) -> Iterator[IngestWorker]:
             " updated_at TEXT, deleted_at TEXT)"
         )
         conn.execute(
-            "INSERT INTO entities VALUES ('e4', 't1', 'fourth', 'after truncate',"
-            " '2026-11-24T10:12:39.941933Z', NULL)"
+            "INSERT INTO entities VALUES (:id, :tenant_id, :title, :body, :updated_at,"
+            " :deleted_at)",
+            last,
         )
     settings = IngestSettings(
         kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),  # never contacted
@@ -140,12 +154,14 @@ def worker(tmp_path: Path) -> Iterator[IngestWorker]:
     store.close()
 
 
-@pytest.mark.integration
+@pytest.mark.parametrize(
+    "which", [pytest.param("own", marks=pytest.mark.integration), SHARED_CAPTURE]
+)
 def test_the_captured_stream_leaves_no_dlq_entry_and_the_index_equal_to_the_sor(
-    worker: IngestWorker,
+    worker: IngestWorker, which: str
 ) -> None:
     states = []
-    for raw in captured():  # one record per batch: every intermediate state is observable
+    for raw in captured(which):  # one record per batch: every intermediate state is observable
         letters = worker.handler.handle([raw])
         assert not letters, [(x.code, x.message) for x in letters]
         snapshot = index_snapshot(worker.store, worker.registry, ["t1", "t2"])

@@ -1,5 +1,11 @@
 """Conformance: every valid Debezium event under shared/vectors/debezium, decoded field by field.
 
+Those files are third-party copies kept beside the checkout, not in it: the tests that read them
+are marked `external` and skip with the reason when they are absent. What our own real-Debezium
+runs can produce (snapshot and change events, TOAST placeholders, deletes and tombstones, key
+changes, truncates, decimals and timestamps as the connector encodes them) is covered by our own
+captures too (tests/streams/decode/test_debezium_real.py, tests/e2e/test_debezium_conformance.py).
+
 Expected values come from the vectors' README (and, for the doc-excerpt shapes and the Java
 excerpt, from Debezium's documented/expected values), never from running the decoder.
 """
@@ -40,9 +46,8 @@ from streams.decode import (
     RecordTooLargeDecodeError,
     decode_record,
 )
-from tests.conftest import VECTORS as SHARED_VECTORS
+from tests.conftest import require_vectors
 
-VECTORS = SHARED_VECTORS / "debezium"
 TOPIC = "fullfillment.inventory.products"
 
 
@@ -58,9 +63,8 @@ def _record(
 
 
 def _read(relative: str) -> bytes:
-    if not VECTORS.is_dir():
-        pytest.skip(f"shared test vectors not found at {VECTORS}")  # a failure under CI
-    return (VECTORS / relative).read_bytes()
+    """A third-party vector (the tests that read one are marked `external`)."""
+    return (require_vectors() / "debezium" / relative).read_bytes()
 
 
 def _lines(relative: str) -> list[bytes]:
@@ -205,7 +209,7 @@ def _expected_product_events(
     return expected
 
 
-@pytest.mark.unit
+@pytest.mark.external
 @pytest.mark.parametrize(
     ("vector", "replica_identity"),
     [
@@ -236,7 +240,7 @@ def test_flink_products_stream_decodes_every_line_field_by_field(
         assert event.is_snapshot is (op is Op.READ)
 
 
-@pytest.mark.unit
+@pytest.mark.external
 def test_snapshot_string_true_is_snapshot_marker_true() -> None:
     event = decode_record(
         _record(_lines("flink-json/debezium-postgres-data-schema-exclude.txt")[0])
@@ -245,7 +249,7 @@ def test_snapshot_string_true_is_snapshot_marker_true() -> None:
     assert event.source.snapshot is SnapshotMarker.TRUE
 
 
-@pytest.mark.unit
+@pytest.mark.external
 def test_replica_identity_delete_with_null_before_and_after_takes_its_id_from_the_key() -> None:
     line = _lines("flink-json/debezium-postgres-data-replica-identity.txt")[-1]
     key = _json(
@@ -267,7 +271,7 @@ def test_replica_identity_delete_with_null_before_and_after_takes_its_id_from_th
     assert event.key == {"id": 111}
 
 
-@pytest.mark.unit
+@pytest.mark.external
 def test_schema_include_line_decodes_like_its_schemaless_twin() -> None:
     with_schema = decode_record(
         _record(_read("flink-json/debezium-postgres-data-schema-include.line1.json"))
@@ -291,7 +295,7 @@ def test_schema_include_line_decodes_like_its_schemaless_twin() -> None:
 # --- floodplain: dvdrental snapshot, Decimal bytes, composite-key delete ------------------------
 
 
-@pytest.mark.unit
+@pytest.mark.external
 def test_floodplain_film_snapshot_decodes_decimals_enum_timestamp_and_array() -> None:
     event = decode_record(
         _record(
@@ -339,7 +343,7 @@ def test_floodplain_film_snapshot_decodes_decimals_enum_timestamp_and_array() ->
     assert event.unavailable_columns == frozenset()
 
 
-@pytest.mark.unit
+@pytest.mark.external
 def test_floodplain_payment_decimal_and_last_snapshot_marker() -> None:
     event = decode_record(
         _record(_read("floodplain/decimalwithscale.json"), topic="Generic-test-dvd.public.payment")
@@ -369,7 +373,7 @@ def test_floodplain_payment_decimal_and_last_snapshot_marker() -> None:
     assert event.is_snapshot
 
 
-@pytest.mark.unit
+@pytest.mark.external
 def test_floodplain_composite_key_delete_keeps_both_key_columns() -> None:
     key = _json(
         {
@@ -425,7 +429,7 @@ def _toast_event(options: DecodeOptions | None = None) -> ChangeEvent:
     )
 
 
-@pytest.mark.unit
+@pytest.mark.external
 def test_toast_placeholder_column_is_absent_from_after_and_listed_unavailable() -> None:
     event = _toast_event()
     assert event.op is Op.UPDATE
@@ -454,7 +458,7 @@ def test_toast_placeholder_column_is_absent_from_after_and_listed_unavailable() 
     assert event.ts_ms == 1746440316214  # ts_us / ts_ns are ignored
 
 
-@pytest.mark.unit
+@pytest.mark.external
 @pytest.mark.parametrize("hint_key", ["dob", "authors.dob", "inventory.authors.dob"])
 def test_toast_negative_epoch_dob_with_micro_timestamp_hint_is_1930(hint_key: str) -> None:
     options = DecodeOptions(column_types={hint_key: ColumnType(LogicalType.MICRO_TIMESTAMP)})
@@ -463,7 +467,7 @@ def test_toast_negative_epoch_dob_with_micro_timestamp_hint_is_1930(hint_key: st
     assert event.after["dob"] == datetime(1930, 3, 1, tzinfo=UTC)
 
 
-@pytest.mark.unit
+@pytest.mark.external
 def test_column_hint_for_another_table_does_not_apply() -> None:
     options = DecodeOptions(column_types={"books.dob": ColumnType(LogicalType.MICRO_TIMESTAMP)})
     event = _toast_event(options)
@@ -490,7 +494,7 @@ _MYSQL_SOURCE = SourceInfo(
 )
 
 
-@pytest.mark.unit
+@pytest.mark.external
 @pytest.mark.parametrize("vector", ["serde-with-schema.json", "serde-without-schema.json"])
 def test_serde_create_decodes_with_and_without_schema(vector: str) -> None:
     event = decode_record(_record(_read(f"debezium-core-serde/{vector}")))
@@ -502,7 +506,7 @@ def test_serde_create_decodes_with_and_without_schema(vector: str) -> None:
     assert event.ts_ms == 1465491411815
 
 
-@pytest.mark.unit
+@pytest.mark.external
 def test_serde_update_has_before_and_after() -> None:
     event = decode_record(_record(_read("debezium-core-serde/serde-update.json")))
     assert event.op is Op.UPDATE
@@ -512,7 +516,7 @@ def test_serde_update_has_before_and_after() -> None:
     assert event.ts_ms == 1465491411815
 
 
-@pytest.mark.unit
+@pytest.mark.external
 def test_serde_unknown_property_is_ignored_and_rows_keep_their_columns() -> None:
     event = decode_record(_record(_read("debezium-core-serde/serde-unknown-property.json")))
     assert event.op is Op.UPDATE
@@ -524,7 +528,7 @@ def test_serde_unknown_property_is_ignored_and_rows_keep_their_columns() -> None
     assert event.ts_ms == 1465491411815
 
 
-@pytest.mark.unit
+@pytest.mark.external
 def test_serde_unwrapped_row_decodes_as_an_upsert_with_envelope_unwrapped() -> None:
     event = decode_record(
         _record(_read("debezium-core-serde/serde-unwrapped.json")),
@@ -538,7 +542,7 @@ def test_serde_unwrapped_row_decodes_as_an_upsert_with_envelope_unwrapped() -> N
     assert event.ts_ms is None
 
 
-@pytest.mark.unit
+@pytest.mark.external
 def test_serde_unwrapped_row_in_debezium_mode_is_refused_with_what_was_found() -> None:
     with pytest.raises(DecodeError, match=r"no 'op' and no 'before'/'after'.*'first_name'"):
         decode_record(_record(_read("debezium-core-serde/serde-unwrapped.json")))
@@ -547,7 +551,7 @@ def test_serde_unwrapped_row_in_debezium_mode_is_refused_with_what_was_found() -
 # --- docs: the documented create event (snapshot as a boolean) ----------------------------------
 
 
-@pytest.mark.unit
+@pytest.mark.external
 def test_docs_create_event_with_boolean_snapshot_true() -> None:
     event = decode_record(
         _record(
@@ -986,7 +990,7 @@ def test_schemaless_decimal_and_timestamp_hints_convert_columns() -> None:
     }
 
 
-@pytest.mark.unit
+@pytest.mark.external
 def test_hints_are_ignored_when_the_record_has_a_schema() -> None:
     options = DecodeOptions(column_types={"id": ColumnType(LogicalType.MICRO_TIMESTAMP)})
     event = decode_record(
@@ -1093,7 +1097,7 @@ def test_unwrapped_inconsistent_metadata_is_refused(
         decode_record(_record(_json(row)), _UNWRAPPED)
 
 
-@pytest.mark.unit
+@pytest.mark.external
 def test_full_envelope_in_unwrapped_mode_is_refused() -> None:
     with pytest.raises(DecodeError, match="use envelope='debezium'"):
         decode_record(_record(_read("debezium-core-serde/serde-update.json")), _UNWRAPPED)
