@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+#: gRPC codes (go-grpc-prometheus spelling) that mean the server failed; every other non-OK code
+#: is the caller's mistake (InvalidArgument, Unauthenticated, PermissionDenied, NotFound,
+#: ResourceExhausted, FailedPrecondition, ...). The error-rate alert reads only these.
+SERVER_ERROR_CODES = ("Unknown", "Internal", "Unavailable", "DataLoss", "DeadlineExceeded")
+
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -14,8 +19,10 @@ class RetrieveMetrics:
         self.registry = registry
         self.requests = Counter(
             "ragstream_retrieve_requests_total",
-            "Retrieve requests by evidence-pack status (SUCCESS, NO_EVIDENCE, FAILED).",
-            ["status"],
+            "Retrieve requests by evidence-pack status (SUCCESS, NO_EVIDENCE, FAILED) and gRPC "
+            "status code (OK, or the code of a failure: InvalidArgument ... client errors, "
+            "Unavailable, Internal ... server errors).",
+            ["status", "code"],
             registry=registry,
         )
         self.stage_seconds = Histogram(

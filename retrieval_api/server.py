@@ -158,7 +158,9 @@ class RetrievalServicer(pb_grpc.RetrievalServiceServicer):
             if tenant and not isinstance(exc, AuthenticationError):
                 timings = {"total": (time.perf_counter() - started) * 1000}
                 pack = error_pack(request_id, exc.code, str(exc), tenant=tenant, timings_ms=timings)
-                self._retriever.record_failure(pack, request.query_text, requested_at)
+                self._retriever.record_failure(
+                    pack, request.query_text, requested_at, code=go_code_name(code)
+                )
             log.info("Retrieve %s [%s]: %s", code.name, exc.code, exc)
             trailer = ((ERROR_CODE_KEY, exc.code),)
             await context.abort(code, f"{exc.code}: {exc}", trailing_metadata=trailer)

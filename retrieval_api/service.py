@@ -262,7 +262,7 @@ class Retriever:
 
     def _after(self, pack: pb.EvidencePack, request: ValidatedRequest, at: datetime) -> None:
         """Count, request reindexing of what the SoR check excluded, and audit."""
-        self._metrics.requests.labels(_STATUS[pack.status]).inc()
+        self._metrics.requests.labels(_STATUS[pack.status], "OK").inc()
         for item in pack.excluded:
             reason = pb.ExclusionReason.Name(item.reason).removeprefix("EXCLUSION_REASON_")
             self._metrics.excluded.labels(reason.lower()).inc()
@@ -285,10 +285,12 @@ class Retriever:
             )
         self.audit(pack, request.query, at)
 
-    def record_failure(self, pack: pb.EvidencePack, query: str, at: datetime) -> None:
-        """Count and audit a request that failed before or during the pipeline."""
+    def record_failure(self, pack: pb.EvidencePack, query: str, at: datetime, *, code: str) -> None:
+        """Count and audit a request that failed before or during the pipeline; `code` is the
+        gRPC status it ends with (go-grpc-prometheus spelling, e.g. `InvalidArgument`), which
+        separates client errors from server failures in the metric."""
         pack.trace_id = self.tracing.current_trace_id()
-        self._metrics.requests.labels(_STATUS[pack.status]).inc()
+        self._metrics.requests.labels(_STATUS[pack.status], code).inc()
         self.audit(pack, query, at)
 
     def audit(self, pack: pb.EvidencePack, query: str, at: datetime) -> None:

@@ -103,6 +103,19 @@ class ConsumerConfig(BaseModel):
     fetch_wait_max_ms: int = Field(default=50, ge=0, le=10_000)
     #: DLQ values above this are truncated (the header says so; the original stays in its topic).
     dlq_max_value_bytes: int = 900_000
+    lag_refresh_s: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "Seconds between two queries of the high watermarks of the worker's partitions, "
+            "for its own consumer-lag metric (one ListOffsets round trip per partition)."
+        ),
+    )
+    lag_query_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="Timeout of one watermark or committed-offset query (delays the loop).",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +204,10 @@ class ConsumerLoop:
         self._paused_until: float | None = None
         self._backoff = config.backoff_initial_s
         self._assigned: set[tuple[str, int]] = set()
+        # lag bookkeeping: the group's committed offset and the last high watermark per partition
+        self._committed: dict[tuple[str, int], int] = {}
+        self._high: dict[tuple[str, int], int] = {}
+        self._lag_due = 0.0
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -283,7 +300,12 @@ class ConsumerLoop:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Nothing is in flight here (see module docstring): all handled work is committed.
-        self._assigned.difference_update((p.topic, p.partition) for p in partitions)
+        revoked = [(p.topic, p.partition) for p in partitions]
+        self._assigned.difference_update(revoked)
+        for tp in revoked:
+            self._committed.pop(tp, None)
+            self._high.pop(tp, None)
+        self._metrics.backlog.forget(revoked)
         self._metrics.assigned_partitions.set(len(self._assigned))
         log.info("revoked %s", [(p.topic, p.partition) for p in partitions])
 
@@ -304,6 +326,8 @@ class ConsumerLoop:
         consumer = self._require_consumer()
         if self._paused_until is not None and time.monotonic() >= self._paused_until:
             self._resume_all()
+        if time.monotonic() >= self._lag_due:
+            self.refresh_lag()
         # Wait for the first record only, then take what is already fetched: a lone event is
         # handled at once (freshness), while under load the local queue still fills batches.
         first = consumer.poll(self._config.poll_timeout_s)
@@ -344,6 +368,9 @@ class ConsumerLoop:
     def _apply(self, records: Sequence[RawRecord]) -> int:
         """Handle, dead-letter and commit one batch; 0 when it was rewound for a retry."""
         self._metrics.batch_size.observe(len(records))
+        for rec in records:
+            if rec.timestamp_ms is not None:
+                self._metrics.backlog.holding((rec.topic, rec.partition), rec.timestamp_ms)
         try:
             letters = self._handler.handle(records)
             self._dead_letter(letters)
@@ -413,6 +440,45 @@ class ConsumerLoop:
         self._metrics.last_commit_timestamp.set(time.time())
         for (topic, partition), offset in next_offsets.items():
             self._metrics.committed_offset.labels(topic, str(partition)).set(offset)
+            tp = (topic, partition)
+            self._committed[tp] = offset
+            high = self._high.get(tp)
+            self._metrics.backlog.applied(tp, None if high is None else high - offset)
+
+    def refresh_lag(self) -> None:
+        """Export the lag of every assigned partition: its high watermark (asked of the broker)
+        minus the group's committed offset (ours, or the broker's for a partition this worker
+        has not committed yet; the low watermark when the group never committed there).
+
+        A broker that does not answer within `lag_query_timeout_s` leaves the previous values
+        (logged); the next refresh retries. The tansu dev broker reports the base offset of the
+        last record batch + 1 as its high watermark, so there the lag reads low for a partition
+        whose last batch held several records (clamped at 0); real Kafka reports the log end."""
+        consumer = self._require_consumer()
+        self._lag_due = time.monotonic() + self._config.lag_refresh_s
+        timeout = self._config.lag_query_timeout_s
+        assigned = sorted(self._assigned)
+        try:
+            unknown = [TopicPartition(t, p) for t, p in assigned if (t, p) not in self._committed]
+            if unknown:
+                for tp in consumer.committed(unknown, timeout=timeout):
+                    if tp.offset >= 0:
+                        self._committed[(tp.topic, tp.partition)] = tp.offset
+            lags: dict[tuple[str, int], int] = {}
+            for topic, partition in assigned:
+                marks = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=timeout, cached=False
+                )
+                if marks is None:  # the client's way of saying the query timed out
+                    log.warning("consumer lag not refreshed: no watermarks within %ss", timeout)
+                    return
+                low, high = marks
+                self._high[(topic, partition)] = high
+                lags[(topic, partition)] = high - self._committed.get((topic, partition), low)
+        except KafkaException as exc:
+            log.warning("consumer lag not refreshed (broker did not answer): %s", exc)
+            return
+        self._metrics.backlog.set_lag(lags)
 
     def _back_off(self, records: Sequence[RawRecord], exc: RagstreamError) -> None:
         consumer = self._require_consumer()

@@ -3,7 +3,13 @@ at import time), so tests can read them with `registry.get_sample_value`."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 #: Stage latencies are short except embedding; buckets cover 0.5 ms .. 60 s.
 _STAGE_BUCKETS = (
@@ -118,3 +124,89 @@ class IngestMetrics:
             "Partitions assigned to this worker.",
             registry=registry,
         )
+        self.backlog = PartitionBacklog(registry)
+
+
+class PartitionBacklog(Collector):
+    """Consumer lag and backlog age per assigned topic partition, computed at scrape time.
+
+    - `ragstream_ingest_consumer_lag_records`: the partition's high watermark minus the group's
+      committed offset (what a lag exporter reports for the group, from the worker itself);
+    - `ragstream_ingest_backlog_age_seconds`: how long the oldest change not yet applied has been
+      waiting, by its Kafka record timestamp; 0 when nothing is pending. It is known for the
+      records the worker has polled and not committed (a batch in progress, or rewound for
+      backpressure); while the next records still sit in the client's fetch queue it reads 0
+      until they are polled, i.e. for the instant between two batches.
+
+    Only partitions assigned to this worker are exported (their labels leave on revocation), so
+    the cardinality is the group's partition count across all workers.
+    """
+
+    def __init__(self, registry: CollectorRegistry, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._lag: dict[tuple[str, int], int] = {}
+        self._oldest_ms: dict[tuple[str, int], int] = {}
+        registry.register(self)
+
+    def set_lag(self, lags: Mapping[tuple[str, int], int]) -> None:
+        """Replace the lag of every assigned partition (partitions not named are dropped)."""
+        with self._lock:
+            self._lag = {tp: max(0, lag) for tp, lag in lags.items()}
+            self._oldest_ms = {tp: ts for tp, ts in self._oldest_ms.items() if tp in self._lag}
+
+    def holding(self, partition: tuple[str, int], timestamp_ms: int) -> None:
+        """The worker polled a record of `partition` it has not committed yet; the oldest one
+        per partition is kept until `applied`."""
+        with self._lock:
+            known = self._oldest_ms.get(partition)
+            if known is None or timestamp_ms < known:
+                self._oldest_ms[partition] = timestamp_ms
+
+    def applied(self, partition: tuple[str, int], lag: int | None) -> None:
+        """Everything held of `partition` was committed; `lag` is what remains, when known."""
+        with self._lock:
+            self._oldest_ms.pop(partition, None)
+            if lag is not None and partition in self._lag:
+                self._lag[partition] = max(0, lag)
+
+    def forget(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Partitions revoked from this worker: no longer exported."""
+        with self._lock:
+            for tp in partitions:
+                self._lag.pop(tp, None)
+                self._oldest_ms.pop(tp, None)
+
+    def describe(self) -> Iterator[Metric]:
+        """The two families, without samples (for registration)."""
+        yield from self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        """Lag and backlog age of every assigned partition, now."""
+        now_ms = self._clock() * 1000
+        lag_family, age_family = self._families()
+        with self._lock:
+            for (topic, partition), lag in sorted(self._lag.items()):
+                labels = [topic, str(partition)]
+                lag_family.add_metric(labels, lag)
+                oldest = self._oldest_ms.get((topic, partition))
+                age = max(0.0, (now_ms - oldest) / 1000) if oldest is not None else 0.0
+                age_family.add_metric(labels, age)
+        yield lag_family
+        yield age_family
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        lag = GaugeMetricFamily(
+            "ragstream_ingest_consumer_lag_records",
+            "Records behind the high watermark per assigned topic partition (high watermark "
+            "minus the committed offset).",
+            labels=["topic", "partition"],
+        )
+        age = GaugeMetricFamily(
+            "ragstream_ingest_backlog_age_seconds",
+            "Age of the oldest change not yet applied per assigned topic partition (its Kafka "
+            "record timestamp); 0 when nothing is pending.",
+            labels=["topic", "partition"],
+        )
+        return lag, age

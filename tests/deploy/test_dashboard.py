@@ -83,7 +83,9 @@ def test_dashboard_covers_what_operators_watch(dashboard: dict[str, Any]) -> Non
     needed = {
         "ragstream_ingest_events_total",  # throughput by outcome
         "ragstream_ingest_last_commit_timestamp_seconds",  # stall
-        "kafka_consumergroup_lag",  # lag (exporter)
+        "kafka_consumergroup_lag",  # lag of the whole group (exporter)
+        "ragstream_ingest_consumer_lag_records",  # lag per partition (the worker's own)
+        "ragstream_ingest_backlog_age_seconds",  # backlog age per partition
         "ragstream_ingest_freshness_seconds_bucket",  # freshness
         "ragstream_ingest_dlq_records_total",  # DLQ rate
         "ragstream_ingest_stage_seconds_bucket",  # per-stage latency

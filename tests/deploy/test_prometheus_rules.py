@@ -4,6 +4,7 @@ chart ships the same rules; the services' exposition passes `promtool check metr
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,7 +113,7 @@ def _exposition() -> bytes:
     ingest.stage_seconds.labels("embed").observe(0.2)
     ingest.backpressure.labels("store").inc()
     ingest.committed_offset.labels("sor.public.entities", "0").set(42)
-    retrieve.requests.labels("SUCCESS").inc()
+    retrieve.requests.labels("SUCCESS", "OK").inc()
     retrieve.stage_seconds.labels("search").observe(0.01)
     retrieve.excluded.labels("stale").inc()
     service = "ragstream.retrieval.v1.RetrievalService"
@@ -158,6 +159,21 @@ def test_grpc_rules_select_the_retrieve_service() -> None:
     for rule in alert_rules():
         if "grpc_server_" in rule["expr"]:
             assert 'grpc_service="ragstream.retrieval.v1.RetrievalService"' in rule["expr"]
+
+
+@pytest.mark.unit
+def test_error_rate_alert_counts_exactly_the_server_side_codes() -> None:
+    from retrieval_api.metrics import SERVER_ERROR_CODES
+
+    rule = next(r for r in alert_rules() if r["alert"] == "RagstreamRetrieveErrorRate")
+    matcher = re.search(
+        r'ragstream_retrieve_requests_total\{status="FAILED", code=~"([^"]+)"\}', rule["expr"]
+    )
+    assert matcher, "the FAILED-pack half of the rule must select server-side codes"
+    assert set(matcher.group(1).split("|")) == set(SERVER_ERROR_CODES)
+    client_codes = {"InvalidArgument", "Unauthenticated", "PermissionDenied", "NotFound"}
+    assert not client_codes & set(SERVER_ERROR_CODES)
+    assert "ResourceExhausted" not in SERVER_ERROR_CODES
 
 
 @pytest.mark.unit

@@ -15,6 +15,7 @@ from ragcore.embedders.local_onnx import LocalOnnxEmbedder
 from ragcore.store.base import Placement
 from ragcore.store.tiered import TieredStore
 from ragdev.services.postgres import PostgresCluster
+from retrieval_api.metrics import SERVER_ERROR_CODES
 from schemas.entities import ContentFormat
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from tests.retrieval_api.stack import Stack, bearer
@@ -251,4 +252,9 @@ def test_grpc_server_metrics_count_calls_by_status_code(stack: Stack) -> None:
     assert handled("grpc_server_handled_total", {**labels, "grpc_code": "OK"}) == 1
     assert handled("grpc_server_handled_total", {**labels, "grpc_code": "InvalidArgument"}) == 1
     assert handled("grpc_server_started_total", labels) == 2
-    assert handled("ragstream_retrieve_requests_total", {"status": "SUCCESS"}) == 1
+    requests = "ragstream_retrieve_requests_total"
+    assert handled(requests, {"status": "SUCCESS", "code": "OK"}) == 1
+    # a client error is a FAILED pack labelled with its code, never a server-side code
+    assert handled(requests, {"status": "FAILED", "code": "InvalidArgument"}) == 1
+    for code in SERVER_ERROR_CODES:
+        assert handled(requests, {"status": "FAILED", "code": code}) is None

@@ -84,6 +84,7 @@ class Env:
     workers: list[tuple[IngestWorker, threading.Thread]] = field(default_factory=list)
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     session_timeout_ms: int = 2000
+    consumer_overrides: dict[str, Any] = field(default_factory=dict)
 
     def settings(self, **consumer: Any) -> IngestSettings:
         return IngestSettings(
@@ -98,7 +99,7 @@ class Env:
                 max_batch_records=200,
                 backoff_initial_s=0.2,
                 backoff_max_s=1.0,
-                **consumer,
+                **{**self.consumer_overrides, **consumer},
             ),
             store=StoreSettings(data_dir=self.data_dir),
             embedding_cache=None,
@@ -328,6 +329,61 @@ def test_store_outage_pauses_commits_nothing_ahead_and_completes_after_recovery(
     env.wait(last)
     assert env.snapshot(["acme", "globex"]) == sor.expected_index(preparer)
     assert env.metric("ragstream_ingest_paused_partitions") == 0
+
+
+def test_worker_exports_lag_and_backlog_age_per_partition_and_clears_them_when_caught_up(
+    env: Env,
+) -> None:
+    # One record per produce call: each is its own record batch, the case where the tansu dev
+    # broker's high watermark (base offset of the last batch + 1) equals the real log end.
+    # On real Kafka the high watermark is the log end whatever the batching.
+    env.consumer_overrides = {"lag_refresh_s": 0.2}
+    sor = SorModel(seed=5)
+    flaky = FlakyStore(env.store)
+    flaky.down = True
+    env.start_worker(store=flaky)
+    per_partition: dict[int, int] = {}
+    first_produced: dict[int, tuple[float, float]] = {}  # partition -> (before, after)
+    for record in sor.random_stream(12, ["acme"], 6):
+        before = time.time()
+        for partition, offset in env.produce([record]).items():
+            per_partition[partition] = offset + 1
+            first_produced.setdefault(partition, (before, time.time()))
+    lag = "ragstream_ingest_consumer_lag_records"
+    age = "ragstream_ingest_backlog_age_seconds"
+
+    def labels(partition: int) -> dict[str, str]:
+        return {"topic": env.topic, "partition": str(partition)}
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if all(env.metric(lag, labels(p)) == n for p, n in per_partition.items()):
+            break
+        time.sleep(0.1)
+    assert {p: env.metric(lag, labels(p)) for p in per_partition} == per_partition
+    time.sleep(1.0)
+    # the store is down: the oldest change of each partition has waited since it was produced
+    for partition, (before, after) in first_produced.items():
+        now = time.time()
+        assert now - after - 0.2 <= env.metric(age, labels(partition)) <= now - before + 0.2
+    # every assigned partition is exported, those without records at 0, and nothing else
+    exported = {
+        s.labels["partition"]
+        for family in env.registry.collect()
+        if family.name == lag
+        for s in family.samples
+    }
+    assert exported == {"0", "1", "2", "3"}
+    flaky.down = False
+    env.wait({p: n - 1 for p, n in per_partition.items()})
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if all(env.metric(lag, labels(p)) == 0 for p in range(4)):
+            break
+        time.sleep(0.1)
+    for partition in range(4):
+        assert env.metric(lag, labels(partition)) == 0
+        assert env.metric(age, labels(partition)) == 0
 
 
 @pytest.mark.slow
