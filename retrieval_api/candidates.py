@@ -41,7 +41,7 @@ from retrieval_api.evidence_score import (
     Signals,
 )
 from retrieval_api.prior import prior_calibration
-from retrieval_api.ranking import Candidate
+from retrieval_api.ranking import Candidate, explains
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Pool:
     choice: RankingChoice
 
     def candidates(self) -> list[Candidate]:
-        """The ranking stage's input."""
+        """The ranking stage's input (with the query identifiers each chunk explains)."""
         return [
             Candidate(
                 hit,
@@ -90,6 +90,11 @@ class Pool:
                 evidence=evidence,
                 lexical=signal.lexical.score,
                 identifiers=signal.lexical.identifiers,
+                explained=tuple(
+                    t
+                    for t in signal.lexical.identifiers
+                    if explains(str(hit.payload.get("text", "")), t)
+                ),
             )
             for hit, signal, evidence in zip(
                 self.hits, self.raw.signals, self.evidence, strict=True

@@ -103,6 +103,37 @@ class RetrievalConfig(BaseModel):
         description="Chunks holding an identifier of the query rank first and are never "
         "excluded as below threshold.",
     )
+    explanations_first: bool = Field(
+        default=True,
+        description="Among chunks holding as many of the query's identifiers, those that "
+        "explain one (a definition, an error-code table row, a release note's fix) rank before "
+        "chunks that only repeat it (a ticket quoting the code).",
+    )
+    near_duplicate_collapse: bool = Field(
+        default=True,
+        description="Collapse results whose texts are the same or nearly the same into the best "
+        "of them, which lists the others (`also_in`).",
+    )
+    near_duplicate_similarity: float = Field(
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="Jaccard similarity of word 3-shingles (numbers masked) from which two "
+        "chunk texts are near-duplicates.",
+    )
+    diversity: bool = Field(
+        default=True,
+        description="Reorder the best results by maximal marginal relevance so the top k do "
+        "not repeat one fact (within the identifier tiers).",
+    )
+    diversity_lambda: float = Field(
+        default=0.7,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="MMR trade-off: 1 = relevance only (no diversity), 0 = diversity only.",
+    )
     rerank_enabled: bool = False
     evidence_thresholds: ThresholdConfig | None = Field(
         default=None,

@@ -2,7 +2,9 @@
 
 The caller checks the ranking's survivors against the SoR in one batched query (the ids of
 `entities_to_verify`); `verdicts_from_sor` turns the entity states into one `Verdict` per
-chunk. Walking the survivors best first, OK chunks become results until `top_k` are found;
+chunk. Walking the survivors best first, OK chunks become results until `top_k` are found (of
+a survivor and the near-duplicates collapsed into it, the best OK chunk is the result and the
+other OK ones its `also_in`);
 DELETED / STALE / MISSING ones are excluded with their reason (the caller publishes a reindex
 request for each, see `reindex_requests`). Results are never fabricated: with no OK chunk the
 status is NO_EVIDENCE.
@@ -34,6 +36,7 @@ from ragcore.store.base import (
     StoreFilter,
     datetime_bounds,
 )
+from ragcore.textsim import Signature, signature, similarity
 from retrieval_api.ranking import (
     Confidence,
     Excluded,
@@ -82,8 +85,9 @@ class EntityState(Protocol):
 
 
 def entities_to_verify(ranking: Ranking) -> list[str]:
-    """The entity ids of every survivor, sorted and unique: one batched SoR query."""
-    return sorted({chunk.entity_id for chunk in ranking.survivors})
+    """The entity ids of every survivor and of the near-duplicates collapsed into it, sorted
+    and unique: one batched SoR query."""
+    return sorted({chunk.entity_id for chunk in ranking.to_verify})
 
 
 def verdicts_from_sor(
@@ -336,24 +340,45 @@ def _verify_walk(
     """Walk the survivors in order until top_k pass the SoR check; a chunk without a verdict
     raises ValueError (an unchecked chunk must never be returned)."""
     walk = _Walk()
-    for chunk in ranking.survivors:
+    for survivor in ranking.survivors:
         if len(walk.results) == ranking.top_k:
             break
-        verdict = verdicts.get(chunk.chunk_id)
-        if verdict is None:
-            raise ValueError(f"no SoR verdict for chunk {chunk.chunk_id!r}")
-        walk.verified += 1
-        if verdict is Verdict.OK:
-            result = _result(len(walk.results) + 1, chunk, tenant, attribute_fields)
-            detail = (lexical_details or {}).get(chunk.chunk_id)
-            if detail is not None:
-                result.scores.lexical_normalized, result.scores.coverage = detail
-            walk.results.append(result)
+        verified: list[RankedChunk] = []
+        for chunk in (survivor, *survivor.similar):
+            verdict = verdicts.get(chunk.chunk_id)
+            if verdict is None:
+                raise ValueError(f"no SoR verdict for chunk {chunk.chunk_id!r}")
+            walk.verified += 1
+            if verdict is Verdict.OK:
+                verified.append(chunk)
+                continue
+            reason = _VERDICT_REASON[verdict]
+            walk.verification[reason] += 1
+            walk.excluded.append(Excluded(chunk.chunk_id, chunk.entity_id, reason, chunk.final))
+        if not verified:
             continue
-        reason = _VERDICT_REASON[verdict]
-        walk.verification[reason] += 1
-        walk.excluded.append(Excluded(chunk.chunk_id, chunk.entity_id, reason, chunk.final))
+        # the best verified chunk of a near-duplicate group is the result, the others its also_in
+        lead, *others = verified
+        result = _result(len(walk.results) + 1, lead, tenant, attribute_fields)
+        detail = (lexical_details or {}).get(lead.chunk_id)
+        if detail is not None:
+            result.scores.lexical_normalized, result.scores.coverage = detail
+        if others:
+            lead_signature = signature(result.text)
+            result.also_in.extend(_similar(c, lead_signature, tenant) for c in others)
+        walk.results.append(result)
     return walk
+
+
+def _similar(chunk: RankedChunk, lead: Signature, tenant: str) -> pb.SimilarChunk:
+    text = chunk.payload.get("text")
+    return pb.SimilarChunk(
+        chunk_id=chunk.chunk_id,
+        entity_id=chunk.entity_id,
+        entity_type=_str(chunk.payload, ENTITY_TYPE),
+        source_reference=source_reference(chunk.payload, tenant),
+        similarity=similarity(lead, signature(text if isinstance(text, str) else "")),
+    )
 
 
 def build_pack(
@@ -428,6 +453,7 @@ def build_pack(
             excluded_missing=verification[ExclusionReason.MISSING],
             deduplicated=ranking.counters.deduplicated,
             verified=verified,
+            collapsed=ranking.counters.collapsed,
         ),
     )
     if calibration is not None:

@@ -16,14 +16,28 @@ point id asc):
    error code, ticket or part number that occurs in the tenant's corpus) is never excluded as
    below threshold in favour of chunks without it, and it ranks before them;
 3. the same chunk twice, or (when enabled) a worse chunk of an already kept entity -> DUPLICATE;
-4. the first `top_k` survivors are the results; the rest stay in `reserve`, so the evidence stage
+4. (when enabled) near-duplicates are collapsed: a survivor whose text is the same or nearly the
+   same as a better one's (`ragcore.textsim`: the same ticket filed by many customers) is not a
+   result of its own but one of that result's `similar` chunks (the pack lists them as
+   `also_in`);
+5. (when enabled) a diversity step (maximal marginal relevance, `diversity_lambda`) reorders the
+   best survivors so the top k do not repeat one fact: each next result maximises
+   λ · relevance - (1 - λ) · its highest text similarity to the results already chosen, within
+   the identifier tiers (an identifier rule is never traded for diversity);
+6. the first `top_k` survivors are the results; the rest stay in `reserve`, so the evidence stage
    can backfill when the SoR check excludes a result.
+
+An answer above a mention: with `explanations_first`, among chunks holding the same number of
+the query's identifiers, one that *explains* an identifier (it opens a line, list item, table
+cell or heading, or is followed by `:`, `=` or "means": a definition, an error-code
+table, a release note's fix) ranks before chunks that only repeat it (a ticket quoting the code).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -41,6 +55,7 @@ from ragcore.store.base import (
     datetime_bounds,
     numeric_bounds,
 )
+from ragcore.textsim import Signature, signature, similarity
 
 
 class ScoreKind(StrEnum):
@@ -120,7 +135,8 @@ class Candidate:
     branch returned the hit, otherwise computed by the caller from the stored vector (see
     `calibrate`). `rerank` is the reranker's score when a reranker ran, `evidence` the evidence
     score, `lexical` the exact BM25 score. `identifiers` are the query's identifiers the chunk
-    contains; `hit.score` is the score that orders candidates.
+    contains, `explained` those of them it explains (`explains`); `hit.score` is the score
+    that orders candidates.
     """
 
     hit: FusedHit
@@ -129,6 +145,7 @@ class Candidate:
     evidence: float | None = None
     lexical: float | None = None
     identifiers: tuple[str, ...] = ()
+    explained: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for label, value in (
@@ -209,10 +226,12 @@ def calibrate(
 
 @dataclass(frozen=True, slots=True)
 class RankedChunk:
-    """A candidate that survived filters, threshold and dedup, with its final score."""
+    """A candidate that survived filters, threshold and dedup, with its final score;
+    `similar` are the near-duplicates collapsed into it (best first)."""
 
     candidate: Candidate
     final: float
+    similar: tuple[RankedChunk, ...] = ()
 
     @property
     def chunk_id(self) -> str:
@@ -248,6 +267,7 @@ class RankingCounters:
     rejected_by_filter: int
     rejected_by_threshold: int
     deduplicated: int
+    collapsed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +291,11 @@ class Ranking:
     def survivors(self) -> tuple[RankedChunk, ...]:
         """Results then reserve, best first."""
         return self.results + self.reserve
+
+    @property
+    def to_verify(self) -> tuple[RankedChunk, ...]:
+        """Every survivor and the near-duplicates collapsed into it: what the SoR checks."""
+        return tuple(c for s in self.survivors for c in (s, *s.similar))
 
     @property
     def no_evidence(self) -> bool:
@@ -343,6 +368,28 @@ def matches_filter(payload: Mapping[str, Any], store_filter: StoreFilter) -> boo
 Order = Literal["final", "evidence", "fused", "calibrated"]
 
 
+# Markup that may open a line before the word it is about: list bullets, quote and table
+# bars, heading marks, numbered items, bold/code delimiters.
+_LINE_LEAD = r"(?:^|\n)[ \t]*(?:(?:[-*+>|#]|[0-9]{1,3}[.)])[ \t]*)*(?:\*\*|__|`)?"
+# A dash is left out: "migration guide v1 to v2 — 15 July" is prose, not a definition.
+_DEFINES = r"(?:\*\*|__|`)?[ \t]*(?:[:=]|(?:means|indicates|stands for)\b)"
+
+
+def explains(text: str, identifier: str) -> bool:
+    """True when `text` explains `identifier` rather than only mentioning it: the identifier
+    opens a line, list item, table cell or heading, sits in a heading, or is followed by `:`,
+    `=` or "means" / "indicates" / "stands for" (case-insensitive)."""
+    word = re.escape(identifier)
+    end = r"(?![\w-])"
+    pattern = (
+        rf"{_LINE_LEAD}{word}{end}"
+        rf"|(?:^|\n)[ \t]*#{{1,6}}[^\n]*(?<![\w-]){word}{end}"
+        rf"|\|[ \t]*(?:\*\*|`)?{word}{end}"
+        rf"|(?<![\w-]){word}{end}{_DEFINES}"
+    )
+    return re.search(pattern, text, flags=re.IGNORECASE) is not None
+
+
 def rank(
     candidates: Sequence[Candidate],
     *,
@@ -354,24 +401,38 @@ def rank(
     order: Order = "final",
     protect_identifiers: bool = True,
     order_by: str = "",
+    explanations_first: bool = False,
+    near_duplicate_similarity: float | None = None,
+    diversity_lambda: float | None = None,
 ) -> Ranking:
-    """Order, filter, threshold and dedup candidates; see the module docstring.
+    """Order, filter, threshold, dedup, collapse and diversify candidates; see the module
+    docstring.
 
     `order="final"` (or `"evidence"`) sorts by the calibrated score; `order="fused"` (or
     `"calibrated"`) keeps the hits' ordering score (`hit.score` desc) so both channels shape the
     ranking, while thresholds and confidence still apply to the calibrated score; a reranker's
     score always orders. With `protect_identifiers`, chunks holding more of the query's
-    identifiers come first and are never below threshold. Ties break on chunk id, then point id.
+    identifiers come first and are never below threshold; with `explanations_first` too, among
+    those holding as many, chunks that explain one come first. Ties break on chunk id, then
+    point id. `near_duplicate_similarity` (a Jaccard cut of `ragcore.textsim`) collapses
+    near-duplicates, None: never; `diversity_lambda` in [0, 1) turns the diversity step on
+    (1 or None: off).
     """
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if diversity_lambda is not None and not 0.0 <= diversity_lambda <= 1.0:
+        raise ValueError(f"diversity_lambda must be within [0, 1], got {diversity_lambda}")
     scored = [(c.final(score_kind), c) for c in candidates]
     by_hit = order in ("fused", "calibrated") and score_kind is not ScoreKind.RERANK
 
-    def key(sc: tuple[float, Candidate]) -> tuple[int, float, str, str]:
+    def tier(cand: Candidate) -> tuple[int, int]:
+        if not protect_identifiers:
+            return (0, 0)
+        return (-len(cand.identifiers), -len(cand.explained) if explanations_first else 0)
+
+    def key(sc: tuple[float, Candidate]) -> tuple[int, int, float, str, str]:
         final, cand = sc
-        matched = len(cand.identifiers) if protect_identifiers else 0
-        return (-matched, -(cand.hit.score if by_hit else final), cand.chunk_id, cand.point_id)
+        return (*tier(cand), -(cand.hit.score if by_hit else final), cand.chunk_id, cand.point_id)
 
     scored.sort(key=key)
 
@@ -401,6 +462,24 @@ def rank(
         seen_entities.add(cand.entity_id)
         survivors.append(RankedChunk(cand, final))
 
+    collapsed = 0
+    signatures: list[Signature] = []
+    if near_duplicate_similarity is not None or diversity_lambda not in (None, 1.0):
+        signatures = [signature(_text(s)) for s in survivors]
+    if near_duplicate_similarity is not None:
+        before = len(survivors)
+        survivors, signatures = _collapse(survivors, signatures, near_duplicate_similarity)
+        collapsed = before - len(survivors)
+    if diversity_lambda is not None and diversity_lambda < 1.0:
+        survivors = _diversify(
+            survivors,
+            signatures,
+            lam=diversity_lambda,
+            top_k=top_k,
+            relevance=lambda r: r.candidate.hit.score if by_hit else r.final,
+            tier=lambda r: tier(r.candidate),
+        )
+
     return Ranking(
         results=tuple(survivors[:top_k]),
         reserve=tuple(survivors[top_k:]),
@@ -410,9 +489,80 @@ def rank(
             rejected_by_filter=filtered,
             rejected_by_threshold=below,
             deduplicated=duplicates,
+            collapsed=collapsed,
         ),
         score_kind=score_kind,
         thresholds=thresholds,
         top_k=top_k,
         order_by=order_by,
     )
+
+
+def _text(chunk: RankedChunk) -> str:
+    value = chunk.payload.get("text")
+    return value if isinstance(value, str) else ""
+
+
+def _collapse(
+    survivors: list[RankedChunk], signatures: list[Signature], cut: float
+) -> tuple[list[RankedChunk], list[Signature]]:
+    """Fold each survivor into the best earlier one whose text it nearly repeats."""
+    keep: list[RankedChunk] = []
+    kept: list[Signature] = []
+    members: list[list[RankedChunk]] = []
+    for chunk, sig in zip(survivors, signatures, strict=True):
+        for i, other in enumerate(kept):
+            # Jaccard >= cut needs the smaller set to hold >= cut of the larger: skip the rest
+            small, large = sorted((len(sig), len(other)))
+            if small >= cut * large and similarity(sig, other) >= cut:
+                members[i].append(chunk)
+                break
+        else:
+            keep.append(chunk)
+            kept.append(sig)
+            members.append([])
+    out = [
+        RankedChunk(c.candidate, c.final, tuple(m)) if m else c
+        for c, m in zip(keep, members, strict=True)
+    ]
+    return out, kept
+
+
+def _diversify(
+    survivors: list[RankedChunk],
+    signatures: list[Signature],
+    *,
+    lam: float,
+    top_k: int,
+    relevance: Callable[[RankedChunk], float],
+    tier: Callable[[RankedChunk], tuple[int, int]],
+) -> list[RankedChunk]:
+    """Maximal marginal relevance over a window of the best survivors (2 x top_k): the first
+    top_k places are chosen greedily, within the best remaining identifier tier; everything
+    after keeps its order. Relevance is the ordering score over the window's best (min-max
+    scaled when it can be negative); similarity that of `ragcore.textsim`."""
+    window = min(len(survivors), 2 * top_k)
+    if window < 2:
+        return survivors
+    pool = list(range(window))
+    scores = [relevance(survivors[i]) for i in pool]
+    low, high = min(scores), max(scores)
+    if low >= 0 and high > 0:
+        rel = [s / high for s in scores]  # a ratio keeps how close the scores are
+    else:
+        spread = high - low  # a score that can be negative (dbsf): min-max
+        rel = [(s - low) / spread if spread > 0 else 1.0 for s in scores]
+    redundancy = [0.0] * window
+    chosen: list[int] = []
+    while pool and len(chosen) < top_k:
+        best_tier = min(tier(survivors[i]) for i in pool)
+        best = max(
+            (i for i in pool if tier(survivors[i]) == best_tier),
+            key=lambda i: (lam * rel[i] - (1 - lam) * redundancy[i], -i),
+        )
+        chosen.append(best)
+        pool.remove(best)
+        for i in pool:
+            redundancy[i] = max(redundancy[i], similarity(signatures[i], signatures[best]))
+    order = chosen + pool + list(range(window, len(survivors)))
+    return [survivors[i] for i in order]

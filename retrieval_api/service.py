@@ -223,12 +223,19 @@ class Retriever:
                 order="fused",
                 protect_identifiers=self.config.identifier_priority,
                 order_by=choice.label,
+                explanations_first=self.config.explanations_first,
+                near_duplicate_similarity=(
+                    self.config.near_duplicate_similarity
+                    if self.config.near_duplicate_collapse
+                    else None
+                ),
+                diversity_lambda=self.config.diversity_lambda if self.config.diversity else None,
             )
         with stage("verify"):
             ids = entities_to_verify(ranking)
             states = self._sor.verify(request.tenant, ids) if ids else {}
             checked_at = self._clock()
-            verdicts = verdicts_from_sor(ranking.survivors, states)
+            verdicts = verdicts_from_sor(ranking.to_verify, states)
         with stage("evidence"):
             info = IndexInfo(
                 name=index.collection,

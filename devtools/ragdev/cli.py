@@ -187,7 +187,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--dataset",
         default="golden",
-        help="golden | manpages | faqs | beir:<dir> | <evalset.json>",
+        help="golden | manpages | faqs | demo | beir:<dir> | <evalset.json>",
     )
     p.add_argument(
         "--baselines",

@@ -33,6 +33,11 @@ lower (binary judgments such as BEIR qrels), so every item of an unanswerable qu
 - ece_top1  = the same over each query's best-scored item only (what abstention decides on);
 - `reliability` gives the bins (count, mean score, observed rate) for the reliability plot.
 
+Distinct evidence (`QueryRun.texts`: the text of each result, in rank order):
+- near_duplicate_share@5 = top-5 slots whose text is a near-duplicate of a text ranked above it
+                           (`ragcore.textsim`: Jaccard of word 3-shingles, numbers masked,
+                           >= 0.9) / top-5 slots filled, over every query that returned texts.
+
 Latency percentiles use linear interpolation between closest ranks (numpy's default "linear"
 method, Excel's PERCENTILE.INC) over every query that reports a latency.
 """
@@ -47,6 +52,7 @@ from typing import Any
 
 from ragcore.quality.dataset import EvalQuery, EvalSet, parse_chunk_id
 from ragcore.quality.errors import EvalError
+from ragcore.textsim import duplicate_slots
 
 DEFAULT_KS: tuple[int, ...] = (1, 3, 5, 10)
 LATENCY_PERCENTILES: tuple[int, ...] = (50, 95, 99)
@@ -55,6 +61,8 @@ RANKING_FAMILIES: tuple[str, ...] = ("recall", "precision", "hit", "mrr", "ndcg"
 #: Judged grade from which a scored item counts as answering the query (calibration metrics).
 ANSWER_GRADE = 2
 CALIBRATION_BINS = 10
+#: The cut-off of the near-duplicate share.
+DUPLICATE_K = 5
 
 
 class Status(StrEnum):
@@ -81,7 +89,8 @@ class QueryRun:
     `entity_ids` and `chunk_ids` are in rank order (best first) and may repeat; use
     `from_chunk_ids` when only chunk ids are at hand. `latency_ms` is the client-side wall time.
     `scored` holds (entity id, evidence score) of every entity the pack scored (results first,
-    then below-threshold exclusions), for the calibration metrics.
+    then below-threshold exclusions), for the calibration metrics. `texts` are the results'
+    texts in rank order (for the near-duplicate share; empty when not collected).
     """
 
     query_id: str
@@ -91,6 +100,7 @@ class QueryRun:
     latency_ms: float | None = None
     error_code: str | None = None
     scored: tuple[tuple[str, float], ...] = ()
+    texts: tuple[str, ...] = ()
 
     @classmethod
     def from_chunk_ids(
@@ -208,6 +218,8 @@ class QueryRow:
     top_entities: tuple[str, ...] = ()
     #: (evidence score, 1 if the entity answers else 0) per scored entity, best-scored first
     calibration: tuple[tuple[float, int], ...] = ()
+    #: (top-5 slots held by a near-duplicate of a better result, top-5 slots with a text)
+    duplicate_slots: tuple[int, int] = (0, 0)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable form."""
@@ -226,6 +238,7 @@ class QueryRow:
             "metrics": dict(self.metrics),
             "top_entities": list(self.top_entities),
             "best_evidence": self.calibration[0][0] if self.calibration else None,
+            "near_duplicate_slots@5": self.duplicate_slots[0],
         }
 
 
@@ -309,6 +322,8 @@ def evaluate_query(query: EvalQuery, run: QueryRun, ks: Sequence[int] = DEFAULT_
             key=lambda item: -item[0],
         )
     )
+    texts = list(run.texts) if succeeded else []
+    slots = (duplicate_slots(texts, DUPLICATE_K), min(len(texts), DUPLICATE_K)) if texts else (0, 0)
     return QueryRow(
         query_id=query.query_id,
         kind=query.kind.value,
@@ -324,6 +339,7 @@ def evaluate_query(query: EvalQuery, run: QueryRun, ks: Sequence[int] = DEFAULT_
         metrics=metrics,
         top_entities=tuple(ranked[: max(ks)]),
         calibration=calibration,
+        duplicate_slots=slots,
     )
 
 
@@ -408,6 +424,9 @@ def aggregate(rows: Sequence[QueryRow], ks: Sequence[int] = DEFAULT_KS) -> dict[
     out["ece"] = expected_calibration_error([p for p, _ in items], [y for _, y in items])
     tops = [r.calibration[0] for r in rows if r.calibration]
     out["ece_top1"] = expected_calibration_error([p for p, _ in tops], [y for _, y in tops])
+    out[f"near_duplicate_share@{DUPLICATE_K}"] = _ratio(
+        sum(r.duplicate_slots[0] for r in rows), sum(r.duplicate_slots[1] for r in rows)
+    )
     latencies = [r.latency_ms for r in rows if r.latency_ms is not None]
     for q in LATENCY_PERCENTILES:
         out[f"latency_p{q}_ms"] = percentile(latencies, q) if latencies else None

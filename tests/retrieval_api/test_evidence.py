@@ -349,3 +349,34 @@ def test_supporting_chunks_alone_are_no_evidence_when_the_sor_excludes_the_best_
     reasons = {(x.chunk_id, x.reason) for x in pack.excluded}
     assert ("a:chunk:0", pb.EXCLUSION_REASON_STALE) in reasons
     assert ("b:chunk:0", pb.EXCLUSION_REASON_BELOW_THRESHOLD) in reasons
+
+
+def test_near_duplicates_are_one_result_listing_the_others_after_the_sor_check() -> None:
+    ticket = "Login fails with E-2113 (#{n})\n\nThe login page shows error E-2113. Account {n}."
+    items = [cand(f"t{n}:chunk:0", 0.9 - n / 100, text=ticket.format(n=n)) for n in range(4)]
+    items.append(cand("note:chunk:0", 0.5, text="Release 2.3 fixed E-2113 (SAML clock drift)."))
+    req = request(CONFIG, top_k=2)
+    ranking = rank(
+        items,
+        store_filter=req.store_filter,
+        top_k=2,
+        thresholds=req.thresholds(CONFIG, ScoreKind.COSINE),
+        near_duplicate_similarity=0.9,
+    )
+    assert entities_to_verify(ranking) == ["note", "t0", "t1", "t2", "t3"]
+    verdicts = {c.chunk_id: Verdict.OK for c in items} | {"t0:chunk:0": Verdict.STALE}
+    verdicts["t2:chunk:0"] = Verdict.DELETED
+    pack = build_pack(req, INDEX, ranking, verdicts, retrieved_at=NOW, timings_ms=TIMINGS)
+    # t0 failed the SoR check: the best verified copy (t1) is the result, t3 its also_in;
+    # the deleted copy is excluded (and reindexed), never listed
+    assert [r.chunk_id for r in pack.results] == ["t1:chunk:0", "note:chunk:0"]
+    [similar] = pack.results[0].also_in
+    assert (similar.chunk_id, similar.entity_id) == ("t3:chunk:0", "t3")
+    assert similar.similarity == 1.0
+    assert similar.source_reference == "sor://acme/KNOWLEDGE_ARTIFACT/t3"
+    assert not pack.results[1].also_in
+    assert [(x.chunk_id, x.reason) for x in pack.excluded] == [
+        ("t0:chunk:0", pb.EXCLUSION_REASON_STALE),
+        ("t2:chunk:0", pb.EXCLUSION_REASON_DELETED),
+    ]
+    assert pack.debug.collapsed == 3 and pack.debug.verified == 5

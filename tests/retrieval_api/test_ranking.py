@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from retrieval_api.ranking import (
     ScoreKind,
     Thresholds,
     calibrate,
+    explains,
     matches_filter,
     needs_similarity,
     rank,
@@ -305,3 +307,89 @@ def test_floor_must_not_exceed_hard() -> None:
     with pytest.raises(ValueError, match="floor"):
         Thresholds(hard=0.3, medium=0.4, high=0.5, floor=0.35)
     assert Thresholds(hard=0.3, medium=0.4, high=0.5).supporting == 0.3
+
+
+# --- near-duplicates, diversity, an answer above a mention ------------------------------------
+
+TICKET = "Login fails with E-2113 (#{n})\n\nThe login page shows error E-2113. Account {n}7."
+NOTE = "# Acme Flow 2.{n} release notes\n\n## Fixes\n\n- E-2113: fixed SAML logins"
+
+
+def _texted(chunk_id: str, score: float, text: str, **kw: Any) -> Candidate:
+    return Candidate(fused(chunk_id, dense=score, score=score, text=text), score, **kw)
+
+
+def test_near_duplicates_collapse_into_the_best_one() -> None:
+    candidates = [_texted(f"t{n}:chunk:0", 0.9 - n / 100, TICKET.format(n=n)) for n in range(4)] + [
+        _texted("note:chunk:0", 0.5, NOTE.format(n=1))
+    ]
+    ranking = rank(
+        candidates,
+        store_filter=ANY,
+        top_k=2,
+        thresholds=T,
+        order="fused",
+        near_duplicate_similarity=0.9,
+    )
+    assert ids(ranking.results) == ["t0:chunk:0", "note:chunk:0"]
+    assert ids(ranking.results[0].similar) == ["t1:chunk:0", "t2:chunk:0", "t3:chunk:0"]
+    assert ranking.counters.collapsed == 3
+    assert ids(ranking.to_verify) == [c.chunk_id for c in candidates]
+    # off: every ticket is its own result
+    plain = rank(candidates, store_filter=ANY, top_k=2, thresholds=T, order="fused")
+    assert ids(plain.results) == ["t0:chunk:0", "t1:chunk:0"]
+    assert plain.counters.collapsed == 0
+
+
+def test_diversity_moves_a_repeated_fact_down_but_not_across_identifier_tiers() -> None:
+    base = "The pump GX-300 seal must be checked every 1000 operating hours by maintenance"
+    candidates = [
+        _texted("a:chunk:0", 0.90, base),
+        _texted("b:chunk:0", 0.89, base + " staff on site"),
+        _texted("c:chunk:0", 0.80, "Bearings are regreased every 4000 hours with lithium grease"),
+    ]
+    kw: dict[str, Any] = {"store_filter": ANY, "top_k": 2, "thresholds": T, "order": "fused"}
+    assert ids(rank(candidates, **kw).results) == ["a:chunk:0", "b:chunk:0"]
+    assert ids(rank(candidates, **kw, diversity_lambda=1.0).results) == ["a:chunk:0", "b:chunk:0"]
+    diverse = rank(candidates, **kw, diversity_lambda=0.7)
+    assert ids(diverse.results) == ["a:chunk:0", "c:chunk:0"]
+    assert ids(diverse.reserve) == ["b:chunk:0"]
+    # a chunk holding the query's identifier stays first, however similar
+    held = [replace(candidates[1], identifiers=("gx-300",)), candidates[0], candidates[2]]
+    assert ids(rank(held, **kw, diversity_lambda=0.0).results)[0] == "b:chunk:0"
+    with pytest.raises(ValueError, match="diversity_lambda"):
+        rank(candidates, **kw, diversity_lambda=1.5)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("- E-2113: fixed a bug where SAML logins failed.", True),
+        ("- **E-1042 Webhook signature mismatch**: the signature we computed", True),
+        ("| A-317 | Low suction pressure, test pump | red |", True),
+        ("# Postmortem review: INC-2291\n\nDate: 2025-03-12.", True),
+        ("E-3307 means the export timed out", True),
+        ("Login fails with E-2113 (#1000)\n\nthe login page shows error E-2113. Our IdP", False),
+        ("every webhook verification fails with E-1042 since their deploy", False),
+        ("Use seal kit GX-SEAL-KIT-42, which contains the cartridge", False),
+        ("- E-21130: another code", False),
+        ("Tom: migration guide v1 to v2 — 15 July.", False),
+    ],
+)
+def test_explains_tells_a_definition_from_a_mention(text: str, expected: bool) -> None:
+    words = ("e-2113", "e-1042", "a-317", "inc-2291", "e-3307", "gx-seal-kit-42", "v2")
+    code = next(w for w in words if w in text.lower())
+    assert explains(text, code) is expected
+
+
+def test_an_explanation_ranks_above_chunks_that_only_repeat_the_identifier() -> None:
+    mention = _texted("t:chunk:0", 0.9, TICKET.format(n=1), identifiers=("e-2113",))
+    note = NOTE.format(n=3)
+    answer = _texted("n:chunk:0", 0.4, note, identifiers=("e-2113",), explained=("e-2113",))
+    kw: dict[str, Any] = {"store_filter": ANY, "top_k": 2, "thresholds": T, "order": "fused"}
+    assert ids(rank([mention, answer], **kw).results) == ["t:chunk:0", "n:chunk:0"]
+    first = rank([mention, answer], **kw, explanations_first=True)
+    assert ids(first.results) == ["n:chunk:0", "t:chunk:0"]
+    # the identifier count still comes first
+    two = replace(mention, identifiers=("e-2113", "e-2150"))
+    assert ids(rank([two, answer], **kw, explanations_first=True).results)[0] == "t:chunk:0"

@@ -43,6 +43,7 @@ SUMMARY_METRICS: tuple[str, ...] = (
     "abstention_recall",
     "ece",
     "ece_top1",
+    "near_duplicate_share@5",
     "latency_p95_ms",
 )
 RELIABILITY_SIZE = 260.0

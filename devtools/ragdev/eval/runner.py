@@ -68,7 +68,8 @@ _SINGLE = {"order": "fused", "identifier_search": False, "identifier_priority": 
 #: channel alone; `rrf*`, `convex_*`, `dbsf`, `evidence_order` fix another order and
 #: `calibrated_order` takes the one the calibration chose per index; `thr_*` fix the hard
 #: threshold on the evidence score, `supporting_*` the floor of supporting chunks;
-#: `no_identifier_rule` drops the identifier search and priority.
+#: `no_identifier_rule` drops the identifier search and priority; `no_collapse`, `no_diversity`,
+#: `no_explanations_first` turn one step of distinct evidence off, `plain_ranking` all three.
 DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
     "default": {},
     "dense_only": {**_SINGLE, "hybrid": False, "sparse_weight": 0.0},
@@ -102,6 +103,15 @@ DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
     "evidence_order": {"order": "evidence"},
     "calibrated_order": {"order": "calibrated"},
     "no_identifier_rule": {"identifier_search": False, "identifier_priority": False},
+    "no_collapse": {"near_duplicate_collapse": False},
+    "no_diversity": {"diversity": False},
+    "diversity_0.5": {"diversity_lambda": 0.5},
+    "no_explanations_first": {"explanations_first": False},
+    "plain_ranking": {
+        "near_duplicate_collapse": False,
+        "diversity": False,
+        "explanations_first": False,
+    },
     "no_threshold": _evidence_threshold(0.0),
     "supporting_1.0": {"supporting_ratio": 1.0},
     "supporting_0.5": {"supporting_ratio": 0.5},
@@ -361,6 +371,7 @@ def _query_all(
                     chunk_ids=tuple(_eval_id(r.chunk_id) for r in pack.results),
                     latency_ms=elapsed,
                     scored=tuple(scored),
+                    texts=tuple(r.text for r in pack.results),
                 )
             )
     return runs

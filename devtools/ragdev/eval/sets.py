@@ -2,6 +2,8 @@
 
 - `golden`: the hand-written golden set (`devtools/ragdev/eval/data/golden.json`);
 - `manpages`: the pinned man-page known-item benchmark (`ragdev.eval.manpages`);
+- `demo`: the dev stack's sample corpus with identifier queries (`ragdev.eval.demo`: repeated
+  tickets, release notes that explain error codes);
 - `faqs`: the FAQ question-answering benchmark, written in BEIR format from the FAQ files on
   this machine (`ragdev.eval.faqs`) and loaded through the BEIR loader;
 - `beir:DIR`: any BEIR-format directory;
@@ -17,11 +19,12 @@ from ragcore.quality.dataset import EvalSet, load_evalset
 from ragcore.quality.errors import EvalDataError
 from ragdev.eval import GOLDEN_PATH
 from ragdev.eval.beir import load_beir
+from ragdev.eval.demo import demo_evalset
 from ragdev.eval.faqs import TENANT as FAQ_TENANT
 from ragdev.eval.faqs import collect, write_beir
 from ragdev.eval.manpages import load_pinned
 
-NAMES = ("golden", "manpages", "faqs")
+NAMES = ("golden", "manpages", "faqs", "demo")
 
 
 def load_named(dataset: str, *, beir_dir: Path | None = None) -> EvalSet:
@@ -34,6 +37,8 @@ def load_named(dataset: str, *, beir_dir: Path | None = None) -> EvalSet:
         if loaded.evalset is None:
             raise EvalDataError(f"man-page benchmark unavailable: {loaded.skipped_reason}")
         return loaded.evalset
+    if dataset == "demo":
+        return demo_evalset()
     if dataset == "faqs":
         entries, _absent = collect()
         if beir_dir is not None:

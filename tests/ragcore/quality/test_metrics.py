@@ -306,3 +306,36 @@ def test_binary_judgments_count_their_relevant_entities_as_answers() -> None:
     )
     row = evaluate_query(query, QueryRun("q", Status.SUCCESS, ("doc",), scored=(("doc", 0.7),)))
     assert row.calibration == ((0.7, 1),)
+
+
+def test_near_duplicate_share_counts_top5_slots_repeating_a_better_text() -> None:
+    ticket = "Seal leaking on GX-300 (#{n}): the mechanical seal leaks after {n} hours."
+    queries = [
+        query("d1", QueryKind.EXACT_IDENTIFIER, {"A": 3}),
+        query("d2", QueryKind.KEYWORD, {"B": 3}),
+    ]
+    runs = [
+        # 6 results, of which slots 2, 4 and 6 repeat slot 1's ticket: 2 of the top 5
+        QueryRun(
+            "d1",
+            Status.SUCCESS,
+            entity_ids=("A", "T1", "X", "T2", "Y", "T3"),
+            texts=(
+                ticket.format(n=1),
+                ticket.format(n=2),
+                "The GX-300 datasheet lists a seal check every 1000 hours.",
+                ticket.format(n=3),
+                "Bulletin SB-712 covers vibration at partial load.",
+                ticket.format(n=4),
+            ),
+        ),
+        QueryRun("d2", Status.SUCCESS, entity_ids=("B",), texts=("One distinct answer.",)),
+    ]
+    result = evaluate(queries, runs, KS)
+    assert result.row("d1").duplicate_slots == (2, 5)
+    assert result.row("d2").duplicate_slots == (0, 1)
+    assert result.aggregates["near_duplicate_share@5"] == pytest.approx(2 / 6)
+    assert result.row("d1").to_dict()["near_duplicate_slots@5"] == 2
+    # runs without texts leave the share undefined, never a made-up 0
+    bare = evaluate(queries, [QueryRun("d1", Status.SUCCESS), QueryRun("d2", Status.SUCCESS)], KS)
+    assert bare.aggregates["near_duplicate_share@5"] is None

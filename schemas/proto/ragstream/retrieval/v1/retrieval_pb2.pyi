@@ -515,6 +515,7 @@ class Result(_message.Message):
     SOURCE_REFERENCE_FIELD_NUMBER: _builtins.int
     ATTRIBUTES_FIELD_NUMBER: _builtins.int
     MATCHED_IDENTIFIERS_FIELD_NUMBER: _builtins.int
+    ALSO_IN_FIELD_NUMBER: _builtins.int
     rank: _builtins.int
     """1-based position in `results`."""
     chunk_id: _builtins.str
@@ -544,6 +545,13 @@ class Result(_message.Message):
         chunk ranks before chunks without them and is never below threshold.
         """
 
+    @_builtins.property
+    def also_in(self) -> _containers.RepeatedCompositeFieldContainer[Global___SimilarChunk]:
+        """Other chunks whose text is the same or nearly the same as this one's (e.g. one ticket filed
+        by many customers), collapsed into this result, best first; each was verified against the
+        SoR like the result. Empty when there are none or collapsing is off.
+        """
+
     def __init__(
         self,
         *,
@@ -560,14 +568,49 @@ class Result(_message.Message):
         source_reference: _builtins.str = ...,
         attributes: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         matched_identifiers: _abc.Iterable[_builtins.str] | None = ...,
+        also_in: _abc.Iterable[Global___SimilarChunk] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["event_date", b"event_date", "locator", b"locator", "scores", b"scores"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attributes", b"attributes", "chunk_id", b"chunk_id", "entity_id", b"entity_id", "entity_type", b"entity_type", "event_date", b"event_date", "locator", b"locator", "matched_identifiers", b"matched_identifiers", "rank", b"rank", "scores", b"scores", "source_hash", b"source_hash", "source_reference", b"source_reference", "text", b"text", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["also_in", b"also_in", "attributes", b"attributes", "chunk_id", b"chunk_id", "entity_id", b"entity_id", "entity_type", b"entity_type", "event_date", b"event_date", "locator", b"locator", "matched_identifiers", b"matched_identifiers", "rank", b"rank", "scores", b"scores", "source_hash", b"source_hash", "source_reference", b"source_reference", "text", b"text", "title", b"title"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Result: _TypeAlias = Result  # noqa: Y015
+
+@_typing.final
+class SimilarChunk(_message.Message):
+    """A near-duplicate collapsed into a result (`Result.also_in`)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNK_ID_FIELD_NUMBER: _builtins.int
+    ENTITY_ID_FIELD_NUMBER: _builtins.int
+    ENTITY_TYPE_FIELD_NUMBER: _builtins.int
+    SOURCE_REFERENCE_FIELD_NUMBER: _builtins.int
+    SIMILARITY_FIELD_NUMBER: _builtins.int
+    chunk_id: _builtins.str
+    entity_id: _builtins.str
+    entity_type: _builtins.str
+    source_reference: _builtins.str
+    similarity: _builtins.float
+    """Jaccard similarity of the two texts' word 3-shingles (numbers masked), in [0, 1]."""
+    def __init__(
+        self,
+        *,
+        chunk_id: _builtins.str = ...,
+        entity_id: _builtins.str = ...,
+        entity_type: _builtins.str = ...,
+        source_reference: _builtins.str = ...,
+        similarity: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_id", b"chunk_id", "entity_id", b"entity_id", "entity_type", b"entity_type", "similarity", b"similarity", "source_reference", b"source_reference"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SimilarChunk: _TypeAlias = SimilarChunk  # noqa: Y015
 
 @_typing.final
 class SourceRef(_message.Message):
@@ -658,6 +701,7 @@ class DebugCounters(_message.Message):
     EXCLUDED_MISSING_FIELD_NUMBER: _builtins.int
     DEDUPLICATED_FIELD_NUMBER: _builtins.int
     VERIFIED_FIELD_NUMBER: _builtins.int
+    COLLAPSED_FIELD_NUMBER: _builtins.int
     candidate_k: _builtins.int
     """Candidates asked of the store (top_k x multiplier, capped)."""
     candidates_returned: _builtins.int
@@ -670,6 +714,8 @@ class DebugCounters(_message.Message):
     deduplicated: _builtins.int
     verified: _builtins.int
     """Candidates the SoR was asked about."""
+    collapsed: _builtins.int
+    """Survivors collapsed into a better result as near-duplicates (`Result.also_in`)."""
     def __init__(
         self,
         *,
@@ -682,10 +728,11 @@ class DebugCounters(_message.Message):
         excluded_missing: _builtins.int = ...,
         deduplicated: _builtins.int = ...,
         verified: _builtins.int = ...,
+        collapsed: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_k", b"candidate_k", "candidates_returned", b"candidates_returned", "deduplicated", b"deduplicated", "excluded_deleted", b"excluded_deleted", "excluded_missing", b"excluded_missing", "excluded_stale", b"excluded_stale", "rejected_by_filter", b"rejected_by_filter", "rejected_by_threshold", b"rejected_by_threshold", "verified", b"verified"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_k", b"candidate_k", "candidates_returned", b"candidates_returned", "collapsed", b"collapsed", "deduplicated", b"deduplicated", "excluded_deleted", b"excluded_deleted", "excluded_missing", b"excluded_missing", "excluded_stale", b"excluded_stale", "rejected_by_filter", b"rejected_by_filter", "rejected_by_threshold", b"rejected_by_threshold", "verified", b"verified"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

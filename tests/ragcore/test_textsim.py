@@ -1,0 +1,53 @@
+"""Near-duplicate texts: word 3-shingles with numbers masked, Jaccard similarity."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragcore.textsim import duplicate_slots, near_duplicate, signature, similarity
+
+pytestmark = pytest.mark.unit
+
+TICKET = (
+    "Login fails with E-2113 (#{n})\n\nOur users cannot log in through SAML since this morning; "
+    "the login page shows error E-2113. Reported by customer account {account}."
+)
+
+
+def test_texts_that_differ_only_in_numbers_are_duplicates() -> None:
+    a = signature(TICKET.format(n=1000, account=532))
+    b = signature(TICKET.format(n=1006, account=117))
+    assert similarity(a, b) == 1.0
+    assert near_duplicate(a, b)
+
+
+def test_texts_that_differ_in_an_identifier_or_words_are_not() -> None:
+    a = signature(TICKET.format(n=1000, account=532))
+    other_code = signature(TICKET.format(n=1000, account=532).replace("E-2113", "E-2150"))
+    other_words = signature(
+        "Webhook sent twice (#1002)\n\nEvery webhook arrived twice after your maintenance "
+        "window. Reported by customer account 532."
+    )
+    assert not near_duplicate(a, other_code)
+    assert similarity(a, other_words) < 0.2
+
+
+def test_similarity_is_jaccard_of_the_shingles() -> None:
+    # "a b c d" -> {abc, bcd}; "a b c e" -> {abc, bce}: 1 shared of 3
+    assert similarity(signature("a b c d"), signature("a b c e")) == pytest.approx(1 / 3)
+    assert signature("Two words") == frozenset({("two", "words")})
+    assert similarity(signature(""), signature("")) == 1.0
+    assert similarity(signature(""), signature("x")) == 0.0
+
+
+def test_duplicate_slots_counts_repeats_of_a_better_text() -> None:
+    texts = [
+        TICKET.format(n=1, account=2),
+        "The release notes of 2.3 list E-2113 as fixed.",
+        TICKET.format(n=3, account=4),
+        TICKET.format(n=5, account=6),
+    ]
+    assert duplicate_slots(texts, 5) == 2
+    assert duplicate_slots(texts, 3) == 1
+    with pytest.raises(ValueError):
+        duplicate_slots(texts, 0)
