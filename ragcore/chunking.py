@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ragcore.errors import ChunkingError, ConfigError
-from ragcore.normalize import NormalizedText
+from ragcore.normalize import NormalizedText, TextSegment
 from ragcore.tokenizers import TokenCounter
 from schemas.entities import Chunk, ContentFormat, Locator
 
@@ -73,14 +73,22 @@ def chunk_text(
     counter: TokenCounter,
     config: ChunkConfig,
     fmt: ContentFormat,
+    *,
+    document: str | None = None,
 ) -> list[Chunk]:
     """Chunk normalized text; `[]` for empty/whitespace text (the caller decides what that means).
+
+    An extracted document (`text.segments`) is chunked segment by segment, so no chunk spans two
+    pages, sections or row blocks; each chunk's locator names `document` (the file name) and
+    its page, heading path or sheet and rows.
 
     Raises ChunkingError when not even one character fits the budget (a budget smaller than the
     tokens of a single code point).
     """
     if isinstance(text, NormalizedText):
         body, extracted_from = text.text, text.extracted_from
+        if text.segments:
+            return _chunk_segments(entity_id, text, counter, config, document or "document")
     else:
         body, extracted_from = text, fmt.value
     if not body.strip():
@@ -113,6 +121,59 @@ def chunk_text(
             )
         )
     return chunks
+
+
+def _chunk_segments(
+    entity_id: str,
+    text: NormalizedText,
+    counter: TokenCounter,
+    config: ChunkConfig,
+    document: str,
+) -> list[Chunk]:
+    chunks: list[Chunk] = []
+    for segment in text.segments:
+        part = text.text[segment.start : segment.end]
+        for sub in chunk_text(entity_id, part, counter, config, ContentFormat.TEXT):
+            index = len(chunks)
+            start = segment.start + sub.locator.char_start
+            end = segment.start + sub.locator.char_end
+            rows = _rows_of(part, segment, sub.locator.char_start, sub.locator.char_end)
+            path = segment.path
+            if rows is not None and segment.rows:
+                label = f"row {rows[0]}" if rows[0] == rows[1] else f"rows {rows[0]}-{rows[1]}"
+                path = (*segment.path[:-1], label)
+            chunks.append(
+                Chunk(
+                    chunk_id=Chunk.make_id(entity_id, index),
+                    entity_id=entity_id,
+                    chunk_index=index,
+                    text=sub.text,
+                    token_count=sub.token_count,
+                    locator=Locator(
+                        chunk_index=index,
+                        char_start=start,
+                        char_end=end,
+                        section_path=(document, *path),
+                        extracted_from=text.extracted_from,
+                        document=document,
+                        page=segment.page,
+                        sheet=segment.sheet,
+                        rows=rows,
+                    ),
+                )
+            )
+    return chunks
+
+
+def _rows_of(part: str, segment: TextSegment, start: int, end: int) -> tuple[int, int] | None:
+    """The first and last spreadsheet row a chunk of `part` covers (one row per line)."""
+    if not segment.rows:
+        return None
+    if part.count("\n") + 1 != len(segment.rows):
+        return (min(segment.rows), max(segment.rows))
+    first = part.count("\n", 0, start)
+    last = part.count("\n", 0, max(start, end - 1))
+    return (segment.rows[first], segment.rows[last])
 
 
 # --- paragraphs --------------------------------------------------------------------------------

@@ -71,6 +71,16 @@ class MappingError(RagstreamError):
     code = "MAPPING_ERROR"
 
 
+class DocumentError(MappingError):
+    """A document (PDF, DOCX, spreadsheet) cannot be indexed; `code` says why
+    (`ragcore.documents.REASONS`). A record carrying it goes to the DLQ under that code."""
+
+    code = "DOCUMENT_CORRUPT"
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message, code=code)
+
+
 class RecordTooLargeError(RagstreamError):
     """A record or its content exceeds the configured size limit."""
 

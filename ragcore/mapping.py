@@ -24,6 +24,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ragcore.documents.source import DocumentSource
 from ragcore.errors import ConfigError, InvalidTenantError, MappingError
 from ragcore.store.ids import validate_tenant
 from schemas.entities import ContentFormat, EntityVersion
@@ -97,6 +98,9 @@ class TableMapping(BaseModel):
     #: Column or metadata key holding the event date used by date-range filters.
     event_date_field: str | None = None
     max_content_chars: int = Field(default=2_000_000, gt=0)
+    #: A document column (PDF, DOCX, XLSX, CSV as bytes or as a reference to a file): when
+    #: set, the entity's content is the document and `content_columns` are not read.
+    document: DocumentSource | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -156,6 +160,14 @@ class TableMapping(BaseModel):
         """The topic Debezium writes this table's changes to."""
         return self.topic or f"{prefix}.{self.schema_name}.{self.table_name}"
 
+    @property
+    def body_columns(self) -> tuple[str, ...]:
+        """The columns the entity's content comes from (a TOAST placeholder in one of them
+        means the row must be re-read)."""
+        if self.document is not None:
+            return (self.document.column,)
+        return self.content_columns
+
     def columns(self) -> list[str]:
         """Every column the mapping reads, without duplicates, in a stable order."""
         named = [
@@ -163,7 +175,7 @@ class TableMapping(BaseModel):
             self.tenant_column,
             self.type_column,
             self.title_column,
-            *self.content_columns,
+            *(self.document.columns() if self.document is not None else self.content_columns),
             self.metadata_column,
             *self.metadata_columns,
             self.format_column,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Literal
@@ -44,13 +44,28 @@ class NormalizeOptions:
 
 
 @dataclass(frozen=True)
+class TextSegment:
+    """A located span of an extracted document's normalized text, `text[start:end]`: a PDF
+    page, a DOCX section or spreadsheet rows (`ragcore.documents`). Chunks never cross one."""
+
+    start: int
+    end: int
+    path: tuple[str, ...]  # the citation after the file name: ("p. 3",), headings, (sheet, rows)
+    page: int | None = None
+    sheet: str | None = None
+    rows: tuple[int, ...] = ()  # the spreadsheet row number of each line of the span
+
+
+@dataclass(frozen=True)
 class NormalizedText:
     """Normalized text plus what the normalizer did to get it (extraction metadata)."""
 
     text: str
-    extracted_from: str  # the source format, e.g. "html", "markdown", "text"
+    extracted_from: str  # the source format, e.g. "html", "markdown", "text", "pdf"
     original_length: int  # characters of the content before normalization
     redactions: dict[str, int] = field(default_factory=dict)  # PII kind -> replacements
+    segments: tuple[TextSegment, ...] = ()  # documents only: where each part came from
+    pages: int = 0  # documents only: pages (or sections, row blocks) extracted
 
     @property
     def sha256(self) -> str:
@@ -59,12 +74,15 @@ class NormalizedText:
 
     def metadata(self) -> dict[str, object]:
         """Extraction metadata for payloads and logs (JSON-serializable)."""
-        return {
+        out: dict[str, object] = {
             "extracted_from": self.extracted_from,
             "original_length": self.original_length,
             "normalized_length": len(self.text),
             "redactions": dict(sorted(self.redactions.items())),
         }
+        if self.segments:
+            out["pages"] = self.pages
+        return out
 
 
 def content_sha256(text: str) -> str:
@@ -73,7 +91,13 @@ def content_sha256(text: str) -> str:
 
 
 def normalize(content: str, fmt: ContentFormat, options: NormalizeOptions) -> NormalizedText:
-    """Normalize `content` written in `fmt` (see the module docstring for the rules)."""
+    """Normalize `content` written in `fmt` (see the module docstring for the rules).
+
+    Documents (PDF, DOCX, ...) are extracted first (`ragcore.prepare.Preparer`), then their
+    segments normalized as text (`normalize_segments`); here they are a ValueError.
+    """
+    if fmt.is_document:
+        raise ValueError(f"{fmt.value} content is extracted, not normalized as written")
     if fmt is ContentFormat.HTML:
         text = normalize_whitespace(html_to_text(content), keep_indent=False)
     elif fmt is ContentFormat.MARKDOWN:
@@ -88,6 +112,50 @@ def normalize(content: str, fmt: ContentFormat, options: NormalizeOptions) -> No
         extracted_from=fmt.value,
         original_length=len(content),
         redactions=redactions,
+    )
+
+
+def normalize_segments(
+    parts: Sequence[tuple[str, TextSegment]],
+    fmt: ContentFormat,
+    options: NormalizeOptions,
+    *,
+    original_length: int,
+    pages: int,
+) -> NormalizedText:
+    """An extracted document's text: each part normalized as plain text, parts joined by a
+    blank line, each part's span recorded in `segments` (with the `TextSegment`'s locator;
+    its `start`/`end` given are ignored)."""
+    pieces: list[str] = []
+    segments: list[TextSegment] = []
+    redactions: dict[str, int] = {}
+    offset = 0
+    for raw, where in parts:
+        text = normalize_whitespace(raw, keep_indent=False)
+        if options.redact_pii:
+            text, counts = redact_pii(text, options.pii_kinds)
+            for kind, n in counts.items():
+                redactions[kind] = redactions.get(kind, 0) + n
+        if not text:
+            continue
+        if pieces:
+            offset += 2
+        rows = where.rows if where.rows and text.count("\n") + 1 == len(where.rows) else ()
+        if where.rows and not rows:
+            # a row's text vanished in normalization: cite the block's first and last row
+            rows = (where.rows[0], where.rows[-1])
+        segments.append(
+            TextSegment(offset, offset + len(text), where.path, where.page, where.sheet, rows)
+        )
+        pieces.append(text)
+        offset += len(text)
+    return NormalizedText(
+        text="\n\n".join(pieces),
+        extracted_from=fmt.value,
+        original_length=original_length,
+        redactions=redactions,
+        segments=tuple(segments),
+        pages=pages,
     )
 
 

@@ -33,6 +33,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ragcore.documents.source import (
+    DOCUMENT_NAME,
+    DocumentSource,
+    document_bytes,
+    document_format,
+    encode_document,
+)
 from ragcore.errors import ConfigError, MappingError
 from ragcore.mapping import (
     RowView,
@@ -208,7 +215,7 @@ def _plan_change(
     if mapping.deleted_at_column is not None and row.value(mapping.deleted_at_column) is not None:
         detail = f"{mapping.deleted_at_column} is set"
         return Plan(Action.DELETE, "soft_delete", detail=detail, **common)
-    unavailable = [c for c in mapping.content_columns if c in event.unavailable_columns]
+    unavailable = [c for c in mapping.body_columns if c in event.unavailable_columns]
     if unavailable:
         return Plan(
             Action.REFETCH,
@@ -287,18 +294,25 @@ def build_entity(
     hasher: ContentHasher,
     where: str,
 ) -> Entity:
-    """Build the entity of a live row (also used by SoR readers that re-read a row)."""
-    content = content_of(row, mapping)
-    if len(content) > mapping.max_content_chars:
-        raise MappingError(
-            f"{where}: content is {len(content)} characters, over the limit of "
-            f"{mapping.max_content_chars}"
-        )
+    """Build the entity of a live row (also used by SoR readers that re-read a row).
+
+    A table with a document column: the content is the file (base64), its format the declared
+    or sniffed one, and `metadata["document_name"]` the file name its chunks cite.
+    """
     metadata = metadata_of(row, mapping)
-    fmt_value: object = row.value(mapping.format_column) if mapping.format_column else None
-    if fmt_value is None and mapping.format_metadata_key is not None:
-        fmt_value = metadata.get(mapping.format_metadata_key)
-    fmt = parse_format(fmt_value, mapping.default_format, where)
+    if mapping.document is not None:
+        content, fmt = _document_content(row, mapping, mapping.document, metadata, where)
+    else:
+        content = content_of(row, mapping)
+        if len(content) > mapping.max_content_chars:
+            raise MappingError(
+                f"{where}: content is {len(content)} characters, over the limit of "
+                f"{mapping.max_content_chars}"
+            )
+        fmt_value: object = row.value(mapping.format_column) if mapping.format_column else None
+        if fmt_value is None and mapping.format_metadata_key is not None:
+            fmt_value = metadata.get(mapping.format_metadata_key)
+        fmt = parse_format(fmt_value, mapping.default_format, where)
     declared_hash = row.optional_text(mapping.content_hash_column)
     content_hash = declared_hash.strip().lower() if declared_hash else hasher(content, fmt)
     entity_type = row.optional_text(mapping.type_column) or mapping.entity_type_default
@@ -316,3 +330,29 @@ def build_entity(
         created_at=row.optional_time(mapping.created_at_column),
         updated_at=row.optional_time(mapping.updated_at_column),
     )
+
+
+def _document_content(
+    row: RowView,
+    mapping: TableMapping,
+    source: DocumentSource,
+    metadata: dict[str, Any],
+    where: str,
+) -> tuple[str, ContentFormat]:
+    """The document's bytes as entity content and its format; the file name into `metadata`."""
+    data, reference_name = document_bytes(source, row.value(source.column), where)
+    fmt = document_format(
+        source,
+        row.value(source.format_column) if source.format_column else None,
+        row.value(source.mime_type_column) if source.mime_type_column else None,
+        data,
+        where,
+    )
+    name = (
+        row.optional_text(source.name_column)
+        or reference_name
+        or row.optional_text(mapping.title_column)
+        or f"{mapping.label}.{fmt.value}"
+    )
+    metadata[DOCUMENT_NAME] = name
+    return encode_document(data), fmt

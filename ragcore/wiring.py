@@ -169,6 +169,7 @@ def build_core(
             other = build_embedder(settings.next_embedder)
             owned.append(other)
         preparer = Preparer(primary.spec, settings.chunking)
+        owned.append(preparer)  # its document extraction child, once one started
         reader = sor or build_sor(settings.sor, settings.plan.catalog, preparer.content_hash)
         if sor is None and reader is not None:
             owned.append(reader)

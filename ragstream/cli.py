@@ -16,6 +16,7 @@ from ragcore.errors import RagstreamError
 if TYPE_CHECKING:
     from ragcore.store.base import VectorStore
     from ragcore.store.registry import IndexRegistry
+    from schemas.entities import ContentFormat
 
 #: Entry-point group through which other distributions add subcommands: each entry is a
 #: callable taking the subparsers action (see devtools/ragdev/cli.py).
@@ -44,9 +45,13 @@ def _cmd_chunk_preview(args: argparse.Namespace) -> int:
     from ragcore.embedders.local_onnx import MINILM_SPEC
     from ragcore.tokenizers import chunk_budget, load_token_counter
     from ragstream.chunk_preview import preview
-    from schemas.entities import ContentFormat
 
-    text = args.file.read_text() if args.file is not None else sys.stdin.read()
+    fmt = _preview_format(args)
+    text: str | bytes
+    if fmt.is_document:
+        text = args.file.read_bytes() if args.file is not None else sys.stdin.buffer.read()
+    else:
+        text = args.file.read_text() if args.file is not None else sys.stdin.read()
     tokenizer = args.tokenizer or MINILM_SPEC.tokenizer
     max_tokens = args.max_tokens
     if args.tokenizer is None:
@@ -56,15 +61,36 @@ def _cmd_chunk_preview(args: argparse.Namespace) -> int:
         raise RagstreamError("--max-tokens is required with a custom --tokenizer")
     report = preview(
         text,
-        ContentFormat(args.format),
+        fmt,
         tokenizer_ref=tokenizer,
         max_tokens=max_tokens,
         overlap_tokens=args.overlap,
         strategy=args.strategy,
         redact_pii=args.redact_pii,
+        document_name=args.file.name if args.file is not None else None,
     )
     print_json(report)
     return 0
+
+
+def _preview_format(args: argparse.Namespace) -> ContentFormat:
+    """--format, else a document format sniffed from the file (PDF, DOCX, XLSX), else text."""
+    from ragcore.documents import sniff
+    from schemas.entities import ContentFormat as Format
+
+    if args.format is not None:
+        return Format(args.format)
+    if args.file is not None:
+        with args.file.open("rb") as handle:
+            head = handle.read(4096)
+        if head.startswith(b"PK"):
+            head = args.file.read_bytes()  # a ZIP package is told by its part names
+        found = sniff(head)
+        if found is not None and found is not Format.CSV:
+            return found
+        if args.file.suffix.lower() == ".csv":
+            return Format.CSV
+    return Format.TEXT
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
@@ -387,7 +413,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("chunk-preview", help="normalize and chunk a file, print chunks as JSON")
     p.add_argument("file", nargs="?", type=Path, help="input file (default: stdin)")
-    p.add_argument("--format", choices=["text", "html", "markdown"], default="text")
+    p.add_argument(
+        "--format",
+        choices=["text", "html", "markdown", "pdf", "docx", "xlsx", "csv"],
+        default=None,
+        help="default: pdf/docx/xlsx sniffed from the file, csv by its extension, else text",
+    )
     p.add_argument("--strategy", choices=["sentence", "paragraph"], default="sentence")
     p.add_argument("--max-tokens", type=int, default=None, help="chunk budget")
     p.add_argument("--overlap", type=int, default=None, help="overlap tokens")

@@ -13,6 +13,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from ragcore.errors import RagstreamError
+from schemas.entities import cite
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 
@@ -122,7 +123,8 @@ def print_pack(
         )
     for result in pack.results:
         loc = result.locator
-        where = " > ".join(loc.section_path) or f"chunk {loc.chunk_index}"
+        source = loc.extracted_from if loc.HasField("extracted_from") else None
+        where = cite(loc.section_path, source) or f"chunk {loc.chunk_index}"
         snippet = " ".join(result.text.split())[:160]
         matched = (
             f"  [matches {', '.join(result.matched_identifiers)}]"

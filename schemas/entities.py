@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 
 class ContentFormat(StrEnum):
@@ -15,6 +22,22 @@ class ContentFormat(StrEnum):
     TEXT = "text"
     HTML = "html"
     MARKDOWN = "markdown"
+    # Documents (`ragcore.documents`): the content is the file's bytes, base64-encoded; text is
+    # extracted from it before chunking.
+    PDF = "pdf"
+    DOCX = "docx"
+    XLSX = "xlsx"
+    CSV = "csv"
+
+    @property
+    def is_document(self) -> bool:
+        """True for file formats whose text is extracted (not normalized as written)."""
+        return self in _DOCUMENT_FORMATS
+
+
+_DOCUMENT_FORMATS = frozenset(
+    {ContentFormat.PDF, ContentFormat.DOCX, ContentFormat.XLSX, ContentFormat.CSV}
+)
 
 
 class EntityVersion(BaseModel):
@@ -73,13 +96,44 @@ class Locator(BaseModel):
     char_start: int  # offsets into the normalized text, [start, end)
     char_end: int
     section_path: tuple[str, ...] = ()  # Markdown heading path, outermost first
-    extracted_from: str | None = None  # e.g. "html", "markdown"
+    extracted_from: str | None = None  # e.g. "html", "markdown", "pdf"
+    # Documents only (None otherwise): the file's name, the PDF page, the spreadsheet's sheet and
+    # its rows [first, last] (1-based, as the spreadsheet numbers them). A DOCX heading path is
+    # `section_path`. For documents `section_path` starts with the file name and ends with the
+    # page or rows (`("contract.pdf", "p. 3")`), so the evidence pack's locator can cite it.
+    document: str | None = None
+    page: int | None = None
+    sheet: str | None = None
+    rows: tuple[int, int] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_document_fields(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # text chunks keep the payload they always had: the document fields only when set
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in _DOCUMENT_LOCATOR_FIELDS:
+                if data.get(key) is None:
+                    data.pop(key, None)
+        return data
 
     def describe(self) -> str:
-        """A human-readable citation, e.g. 'Setup > Install, chunk 2 (chars 120-480)'."""
-        where = " > ".join(self.section_path)
+        """A human-readable citation, e.g. 'Setup > Install, chunk 2 (chars 120-480)', or for a
+        document 'contract.pdf p. 3, chunk 4 (chars ...)'."""
+        where = cite(self.section_path, self.extracted_from)
         prefix = f"{where}, " if where else ""
         return f"{prefix}chunk {self.chunk_index} (chars {self.char_start}-{self.char_end})"
+
+
+_DOCUMENT_LOCATOR_FIELDS = ("document", "page", "sheet", "rows")
+
+
+def cite(section_path: Sequence[str], extracted_from: str | None) -> str:
+    """The citation of a locator's section path: `contract.pdf p. 3`,
+    `procedure.docx Safety > Lockout`, `prices.xlsx Prices > rows 2-9`; for text the heading
+    path `Setup > Install`."""
+    if extracted_from in _DOCUMENT_FORMATS and len(section_path) > 1:
+        return f"{section_path[0]} {' > '.join(section_path[1:])}"
+    return " > ".join(section_path)
 
 
 class Chunk(BaseModel):

@@ -3,11 +3,13 @@
 realistic streams. Key: `{"id": ...}`. Value: `{before, after, source, op, ts_ms, transaction}`.
 
 Column encodings follow the connector's defaults: TIMESTAMPTZ -> `io.debezium.time.ZonedTimestamp`
-(ISO-8601 UTC string), JSONB -> `io.debezium.data.Json` (a JSON string), TEXT -> string.
+(ISO-8601 UTC string), JSONB -> `io.debezium.data.Json` (a JSON string), TEXT -> string,
+BYTEA -> base64 string (`binary.handling.mode=bytes` through the JSON converter).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Mapping
@@ -30,6 +32,8 @@ def row_json(row: Mapping[str, Any]) -> dict[str, Any]:
     for column, value in row.items():
         if isinstance(value, datetime):
             out[column] = zoned_timestamp(value)
+        elif isinstance(value, bytes | bytearray | memoryview):
+            out[column] = base64.b64encode(bytes(value)).decode("ascii")
         elif isinstance(value, dict | list):
             out[column] = json.dumps(value, sort_keys=True)
         else:

@@ -1,0 +1,77 @@
+"""The extraction child's limits: a document that needs too much memory or time costs a reason
+code and a fresh child, never the calling process."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from ragcore.documents import ExtractionLimits, Extractor
+from ragcore.errors import DocumentError
+from ragdev.docgen import csv_bytes, pdf_bytes
+
+pytestmark = pytest.mark.unit
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a killed child that was reaped is gone; one not yet reaped is a zombie
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split()[2] != "Z"
+
+
+def test_a_document_over_the_memory_cap_fails_and_the_next_one_extracts() -> None:
+    # ~24 MB of CSV: its rows as Python lists need several times that, over a 64 MiB cap
+    big = csv_bytes([["a", "b", "c"]] + [[f"r{n}", n, "x" * 20] for n in range(600_000)])
+    extractor = Extractor(ExtractionLimits(memory_mb=64))
+    try:
+        with pytest.raises(DocumentError) as info:
+            extractor.extract("csv", big)
+        assert info.value.code == "EXTRACTION_MEMORY_LIMIT"
+        document = extractor.extract("pdf", pdf_bytes([["after the failure"]]))
+        assert "after the failure" in document.segments[0].text
+    finally:
+        extractor.close()
+
+
+def test_a_document_over_the_time_limit_kills_the_child() -> None:
+    # the first call also starts the child (imports take far longer than 50 ms)
+    extractor = Extractor(ExtractionLimits(timeout_s=0.05))
+    try:
+        with pytest.raises(DocumentError) as info:
+            extractor.extract("pdf", pdf_bytes([["slow"]]))
+        assert info.value.code == "EXTRACTION_TIMEOUT"
+        assert extractor.child_pid is None
+    finally:
+        extractor.close()
+
+
+def test_a_child_that_died_is_replaced_on_the_next_document() -> None:
+    extractor = Extractor()
+    try:
+        extractor.extract("pdf", pdf_bytes([["first"]]))
+        pid = extractor.child_pid
+        assert pid is not None
+        os.kill(pid, 9)
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        document = extractor.extract("pdf", pdf_bytes([["second"]]))
+        assert "second" in document.segments[0].text
+        assert extractor.child_pid not in (None, pid)
+    finally:
+        extractor.close()
+
+
+def test_close_stops_the_child() -> None:
+    extractor = Extractor()
+    extractor.extract("pdf", pdf_bytes([["text"]]))
+    pid = extractor.child_pid
+    assert pid is not None and _alive(pid)
+    extractor.close()
+    assert not os.path.exists(f"/proc/{pid}")
