@@ -60,7 +60,7 @@ from retrieval_api.service import Retriever
 from retrieval_api.validate import validate_request
 from schemas.entities import Entity
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
-from streams.ingest import IngestHandler, Rejection, TargetIndex
+from streams.ingest import Rejection, SorBatch, SorWriter, TargetIndex
 from streams.reconcile import entity_states
 
 Outcome = Literal["switched", "built", "parity_failed", "drift"]
@@ -215,7 +215,7 @@ def reindex(
     *,
     embedder: Embedder,
     preparer: Preparer,
-    handler: IngestHandler,
+    handler: SorWriter,
     registry: IndexRegistry,
     store: VectorStore,
     sor: SystemOfRecord,
@@ -273,7 +273,7 @@ def reindex(
 @dataclass
 class _Job:
     report: ReindexReport
-    writer: IngestHandler
+    writer: SorWriter
     registry: IndexRegistry
     store: VectorStore
     sor: SystemOfRecord
@@ -356,7 +356,8 @@ class _Job:
         report.sor_entities = total
         began = last = time.perf_counter()
         for batch in _batches(self.sor.scan(report.tenant, batch=500), self.options.batch):
-            report.rejected.extend(self.writer.upsert_entities(batch, "reindex"))
+            rows = SorBatch(report.tenant, "reindex", entities=tuple(batch))
+            report.rejected.extend(self.writer.apply_rows(rows))
             report.written += len(batch)
             now = time.perf_counter()
             if now - last >= 2.0 or report.written >= total:
@@ -422,9 +423,8 @@ class _Job:
             self.progress(f"catch-up: re-reading {len(drifted)} entities changed during the build")
             for start in range(0, len(drifted), 200):
                 chunk = drifted[start : start + 200]
-                self.report.rejected.extend(
-                    self.writer.reread(self.report.tenant, chunk, "reindex")
-                )
+                rows = SorBatch(self.report.tenant, "reindex", reread=tuple(chunk))
+                self.report.rejected.extend(self.writer.apply_rows(rows))
         left = self.drifted()
         if not left:
             self.progress("catch-up: the new version matches the SoR")

@@ -33,7 +33,7 @@ from ragcore.store.base import (
 )
 from ragcore.store.points import CHUNK_COUNT
 from ragcore.store.registry import IndexRegistry
-from streams.ingest import IngestHandler
+from streams.ingest import SorBatch, SorWriter
 
 #: Drift that repair fixes (re-read from the SoR).
 DRIFT_KINDS = ("missing", "extra", "stale")
@@ -153,7 +153,7 @@ def reconcile(
     sor: SystemOfRecord,
     store: VectorStore,
     registry: IndexRegistry,
-    handler: IngestHandler | None = None,
+    handler: SorWriter | None = None,
     repair: bool = False,
     batch: int = 1000,
     version: int | None = None,
@@ -230,7 +230,9 @@ def reconcile(
         started = time.perf_counter()
         drifted: Sequence[str] = [*report.missing, *report.stale, *report.extra]
         for start in range(0, len(drifted), 200):
-            handler.reread(tenant, drifted[start : start + 200], "reconcile")
+            handler.apply_rows(
+                SorBatch(tenant, "reconcile", reread=tuple(drifted[start : start + 200]))
+            )
         report.repaired = len(drifted)
         report.repair_seconds = round(time.perf_counter() - started, 3)
     return report

@@ -2,7 +2,7 @@
 and Retrieve read it, and the benchmarks that build indexes directly write the same.
 
 A point's payload is the entity row's fields (`row_fields`: they may change in place, see
-`IngestHandler._refresh`) plus the chunk's identity and text (`chunk_point`). Fields whose value
+`streams.ingest.write`) plus the chunk's identity and text (`chunk_point`). Fields whose value
 is None are left out. The version fields say how new the indexed row is
 (docs/decisions/chunk-ids-and-versions.md).
 """

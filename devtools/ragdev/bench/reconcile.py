@@ -8,7 +8,7 @@ every row to an `Entity`) and compares the two.
 
 Data (synthetic, built in a scratch directory): `points` chunks, `chunks_per_entity` per entity
 (the last entity takes the remainder), shaped as `streams.ingest` writes them: the payload of
-`IngestHandler._point` (tenant, entity and chunk ids, chunk_index, chunk_count, source_hash,
+`streams.ingest.write` (tenant, entity and chunk ids, chunk_index, chunk_count, source_hash,
 entity_type, title, locator, 800-1000 characters of text, content format, timestamps, model and
 index version, source version fields, event_date), a random unit dense vector and a BM25-weighted
 sparse vector of the chunk's words. Texts are pseudo-words drawn from a Zipf vocabulary, already

@@ -1,0 +1,216 @@
+"""`IngestHandler`: the ingest stages in order, for a batch of records (the consumer loop)
+and for rows of the system of record (reconcile repairs, reindex snapshots and catch-ups).
+
+decode and plan (`plan`) -> resolve deletes and re-reads (`resolve`) -> decide per write target
+(`decide`) -> embed and write (`write`). The consumer loop commits only after `handle` returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ragcore.embedders.base import Embedder
+from ragcore.errors import ConfigError, StoreError, StoreUnavailableError
+from ragcore.plan import Action, Plan
+from ragcore.store.base import VectorStore
+from schemas.entities import Entity
+from schemas.events import RawRecord, RecordPosition
+from streams.consumer import DeadLetter
+from streams.ingest.context import Stages
+from streams.ingest.decide import decide
+from streams.ingest.plan import plan_records
+from streams.ingest.ports import (
+    Decoder,
+    EntityPreparer,
+    IndexTargets,
+    Planner,
+    RowSource,
+    SparseEncoder,
+)
+from streams.ingest.resolve import resolve
+from streams.ingest.work import Faults, Rejection, SorBatch, Work
+from streams.ingest.write import write
+from streams.metrics import IngestMetrics
+
+log = logging.getLogger("streams.ingest")
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What applying one segment of work did: the work applied and what could not be."""
+
+    applied: tuple[Work, ...]
+    faults: Faults
+
+
+class IngestHandler:
+    """Implements `streams.consumer.BatchHandler` and `streams.ingest.SorWriter` over the
+    store and embedder ports."""
+
+    def __init__(
+        self,
+        *,
+        decode: Decoder,
+        plan: Planner,
+        preparer: EntityPreparer,
+        embedder: Embedder,
+        sparse: SparseEncoder,
+        store: VectorStore,
+        targets: IndexTargets,
+        metrics: IngestMetrics,
+        rows: RowSource | None = None,
+        keyword_fields: Sequence[str] = (),
+        event_date_fields: Mapping[str, str] | None = None,
+        reindex_topic: str | None = None,
+        other_models: Sequence[tuple[Embedder, EntityPreparer]] = (),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`embedder`/`preparer` are the primary model; `other_models` are further models
+        (embedder and its preparer) that targets may name, e.g. the next model during a
+        blue-green model change."""
+        self._decode = decode
+        self._plan = plan
+        self._reindex_topic = reindex_topic
+        self._clock = clock
+        self._stages = Stages(
+            preparer=preparer,
+            embedder=embedder,
+            models={e.spec.model_version: (e, p) for e, p in [(embedder, preparer), *other_models]},
+            sparse=sparse,
+            store=store,
+            targets=targets,
+            metrics=metrics,
+            rows=rows,
+            keyword_fields=tuple(keyword_fields),
+            event_date_fields=dict(event_date_fields or {}),
+        )
+        # the consumer loop and the scheduled reconciliation share one handler: writes of
+        # one handler never interleave
+        self._lock = threading.Lock()
+
+    # --- BatchHandler -----------------------------------------------------------------------
+
+    def handle(self, records: Sequence[RawRecord]) -> Sequence[DeadLetter]:
+        """Apply a batch; return the records that belong in the DLQ."""
+        planned = plan_records(
+            records,
+            decode=self._decode,
+            plan=self._plan,
+            reindex_topic=self._reindex_topic,
+            stages=self._stages,
+        )
+        letters = list(planned.letters)
+        applied: list[Work] = []
+        for segment in planned.segments:
+            with self._lock:
+                done = self._apply_refreshing(segment)
+            applied += done.applied
+            letters += done.faults.letters
+        now = self._clock()
+        for item in applied:
+            if item.plan.source_ts_ms is not None:
+                self._stages.metrics.freshness.observe(
+                    max(0.0, now - item.plan.source_ts_ms / 1000)
+                )
+        return letters
+
+    # --- SorWriter --------------------------------------------------------------------------
+
+    def apply_rows(self, batch: SorBatch) -> list[Rejection]:
+        """Write what the SoR holds through the normal write path: `batch.entities` as read
+        (version ordering, unchanged-content skips, one embedding call per model), then each id
+        of `batch.reread` re-read now (upserted, or deleted when the row is gone). Returns the
+        entities that could not be indexed (logged too: a SoR read has no record to DLQ).
+        Raises `ConfigError` for re-reads when no SoR is configured."""
+        if batch.reread and self._stages.rows is None:
+            raise ConfigError("re-reading entities needs a system of record (RAGSTREAM_SOR__KIND)")
+        work = [
+            Work(
+                Plan(
+                    Action.UPSERT,
+                    batch.reason,
+                    RecordPosition(f"snapshot:{batch.reason}", 0, n),
+                    tenant_id=entity.tenant_id,
+                    entity_id=entity.entity_id,
+                    version=entity.version,
+                    entity=entity,
+                )
+            )
+            for n, entity in enumerate(batch.entities)
+        ]
+        work += [
+            Work(
+                Plan(
+                    Action.REFETCH,
+                    batch.reason,
+                    RecordPosition(f"reread:{batch.reason}", 0, n),
+                    tenant_id=batch.tenant_id,
+                    entity_id=entity_id,
+                )
+            )
+            for n, entity_id in enumerate(dict.fromkeys(batch.reread))
+        ]
+        with self._lock:
+            return list(self._apply(work).faults.rejections)
+
+    def reread(self, tenant_id: str, entity_ids: Sequence[str], reason: str) -> list[Rejection]:
+        """Re-read entities from the SoR and apply what it says now (upsert, or delete when the
+        row is gone): `apply_rows` of ids. Raises when no SoR is configured."""
+        return self.apply_rows(SorBatch(tenant_id, reason, reread=tuple(entity_ids)))
+
+    def upsert_entities(self, entities: Sequence[Entity], reason: str) -> list[Rejection]:
+        """Write entities read from the SoR (a snapshot): `apply_rows` of entities."""
+        tenant = entities[0].tenant_id if entities else ""
+        return self.apply_rows(SorBatch(tenant, reason, entities=tuple(entities)))
+
+    def for_targets(
+        self, targets: IndexTargets, embedder: Embedder, preparer: EntityPreparer
+    ) -> IngestHandler:
+        """A handler with this one's decoding, planning, SoR reader and metrics that writes to
+        `targets` with `embedder`: the writer of a reindex job (only the version it builds)."""
+        s = self._stages
+        return IngestHandler(
+            decode=self._decode,
+            plan=self._plan,
+            preparer=preparer,
+            embedder=embedder,
+            sparse=s.sparse,
+            store=s.store,
+            targets=targets,
+            metrics=s.metrics,
+            rows=s.rows,
+            keyword_fields=s.keyword_fields,
+            event_date_fields=s.event_date_fields,
+            clock=self._clock,
+        )
+
+    # --- the stages -------------------------------------------------------------------------
+
+    def _apply_refreshing(self, segment: Sequence[Work]) -> Applied:
+        """`_apply`, retried once with fresh index targets after a store error: a version
+        retired and dropped by a reindex may still be among the cached targets for a moment
+        (every write is idempotent, so the retry repeats nothing harmful). A second failure,
+        or a store outage, is the caller's (fatal, or retried with backoff)."""
+        try:
+            return self._apply(segment)
+        except StoreUnavailableError:
+            raise
+        except StoreError as exc:
+            log.warning("store error (%s): re-reading the index targets, retrying once", exc)
+            self._stages.targets.invalidate()
+            return self._apply(segment)
+
+    def _apply(self, work: Sequence[Work]) -> Applied:
+        """resolve -> decide -> write one segment; then the re-reads a truncate asked for."""
+        resolved = resolve(work, self._stages)
+        decision = decide(resolved.upserts, self._stages)
+        written = write(decision, self._stages)
+        faults = resolved.faults + decision.faults
+        if resolved.rereads:
+            # rows indexed from SoR reads: their records are the truncate's, already counted
+            faults += Faults(rejections=self._apply(resolved.rereads).faults.rejections)
+        return Applied(resolved.applied + written.applied, faults)
