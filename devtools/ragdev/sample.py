@@ -5,8 +5,9 @@ Table `entities`: the golden evaluation set's hand-written documents
 a SaaS company, and `globex`, a pump manufacturer) plus documents generated deterministically from
 small tables: release notes and incident reviews for acme, pump datasheets and service bulletins
 for globex. Table `tickets`: support tickets of both tenants, shaped unlike `entities` (content
-from two columns, a constant entity type, status and priority copied into the metadata).
-`SAMPLE_TABLES` maps both.
+from two columns, a constant entity type, status and priority copied into the metadata). Table
+`documents`: PDF, DOCX, XLSX and CSV files in a binary column (`ragdev.sample_documents`).
+`SAMPLE_TABLES` maps all three.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from ragcore.mapping import TableMapping
 from ragcore.resources import package_dir
+from ragdev.sample_documents import DOCUMENTS_TABLE, sample_files
 
 #: The mappings of the sample tables (the dev stack's `plan.tables`).
 SAMPLE_TABLES: tuple[TableMapping, ...] = (
@@ -34,11 +36,12 @@ SAMPLE_TABLES: tuple[TableMapping, ...] = (
         metadata_columns=("status", "priority"),
         content_hash_column=None,
     ),
+    DOCUMENTS_TABLE,
 )
 #: DDL of the sample tables, per dialect (files under schemas/sql/).
 SAMPLE_DDL = {
-    "sqlite": ("entities.sqlite.sql", "tickets.sqlite.sql"),
-    "postgres": ("entities.postgres.sql", "tickets.postgres.sql"),
+    "sqlite": ("entities.sqlite.sql", "tickets.sqlite.sql", "documents.sqlite.sql"),
+    "postgres": ("entities.postgres.sql", "tickets.postgres.sql", "documents.postgres.sql"),
 }
 
 FEATURES = [
@@ -278,9 +281,11 @@ def sample_tickets() -> list[dict[str, Any]]:
 def sample_rows(limit: int | None = None) -> dict[str, list[dict[str, Any]]]:
     """The sample corpus per table name: `limit` rows per table at most."""
     tickets = sample_tickets()
+    files = sample_files()
     return {
         "entities": sample_documents(limit),
         "tickets": tickets[:limit] if limit is not None else tickets,
+        "documents": files[:limit] if limit is not None else files,
     }
 
 

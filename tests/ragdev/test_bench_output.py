@@ -28,6 +28,8 @@ SMALL = {
         "1",
         "--steady-rate",
         "2",
+        "--documents",
+        "1",
     ],
     "retrieve": ["--points", "600", "--queries", "4", "--concurrency", "1,2"],
     "reconcile": ["--points", "60", "--repeats", "1", "--variants", "selector"],

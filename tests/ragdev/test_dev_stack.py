@@ -92,6 +92,21 @@ def wait_for(check: Any, timeout: float = 20.0) -> float:
     return time.monotonic() - began
 
 
+def assert_cites_the_page(dev: DevProcess) -> None:
+    """The sample datasheet PDF answers a question only its page 4 holds, cited as such."""
+    pack = wait_for_pack(dev, "globex", "How often must the GX-950 motor bearings be regreased?")
+    top = pack["results"][0]
+    assert top["entity_id"] == "documents:globex-doc-1", entity_ids(pack)
+    assert top["locator"]["section_path"] == ["gx950-datasheet.pdf", "p. 4"]
+    assert top["locator"]["extracted_from"] == "pdf"
+
+
+def wait_for_pack(dev: DevProcess, tenant: str, question: str) -> dict[str, Any]:
+    """The pack once the question has an answer (the documents table may index last)."""
+    wait_for(lambda: bool(dev.query(tenant, question).get("results")))
+    return dev.query(tenant, question)
+
+
 def test_dev_stack_serves_reflects_changes_within_seconds_and_stops_cleanly(
     tmp_path: Path,
 ) -> None:
@@ -108,6 +123,9 @@ def test_dev_stack_serves_reflects_changes_within_seconds_and_stops_cleanly(
         assert pack["status"] == "RETRIEVAL_STATUS_SUCCESS"
         assert pack["calibration"]["source"] == "fitted", pack["calibration"]
         assert entity_ids(pack)[0] == "entities:acme-kb-refund-policy"
+        # the documents table: a PDF's chunk answers, cited by file and page
+        assert "loaded 5 sample rows into table documents" in out
+        assert_cites_the_page(dev)
 
         # the second table: a ticket written through the CLI is found, as a ticket
         dev.cli(
@@ -196,6 +214,7 @@ def test_dev_stack_on_postgres_and_real_debezium_reflects_sql_writes() -> None:
         assert stack["sor_kind"] == "postgres"
         pack = dev.query("acme", "If a customer cancels a yearly plan, do they get money back?")
         assert entity_ids(pack)[0] == "entities:acme-kb-refund-policy"
+        assert_cites_the_page(dev)  # the bytea file came through real Debezium
 
         # `ragstream sor` writes SQL; Debezium carries the change to the index
         dev.cli(

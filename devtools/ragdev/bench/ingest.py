@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import itertools
 import logging
 import os
@@ -55,6 +56,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from prometheus_client import CollectorRegistry, Histogram
 
+from ragcore.documents import DOCUMENT_NAME, encode_document
 from ragcore.embedders import build_embedder
 from ragcore.embedders.base import Embedder, Vectors
 from ragcore.embedders.cache import CachedEmbedder, EmbeddingCacheConfig
@@ -67,6 +69,8 @@ from ragcore.settings import StoreSettings
 from ragcore.store.base import Placement
 from ragcore.wiring import build_store, payload_schema
 from ragdev.bench.machine import emit, machine_info, percentiles
+from ragdev.docgen import docx_bytes, pdf_bytes, xlsx_bytes
+from ragdev.sample_documents import GX950_PAGES
 from ragdev.services.tansu import TansuBroker
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.entities import ContentFormat, Entity
@@ -575,6 +579,7 @@ def run(
     cached_entities: int = 5_000,
     pipeline_entities: int = 15_000,
     placement: Placement = "shared",
+    documents: int = 20,
 ) -> dict[str, Any]:
     """Run the three phases and return a JSON-able report (see the module docstring).
 
@@ -614,6 +619,8 @@ def run(
         embedder = build_embedder(embedder_config, cache=cache_config, registry=registry)
         stack.callback(embedder.close)
         preparer = Preparer(embedder.spec, settings.chunking)
+        stack.callback(preparer.close)
+        extraction = documents_throughput(preparer, documents) if documents > 0 else None
         paragraphs = list(prose_paragraphs())
         texts = long_texts(entities + steady_events, preparer, paragraphs)
         cold_texts, steady_texts = texts[:entities], texts[entities:]
@@ -696,6 +703,7 @@ def run(
         "cached_reingest": cached,
         "freshness": fresh,
         "pipeline_alone": pipeline,
+        "documents": extraction,
         "goals": [
             _goal("cold_chunks_per_hour", cold["chunks_per_hour"]),
             _goal("cached_entities_per_s", cached["large"]["entities_per_s"]),
@@ -704,6 +712,84 @@ def run(
             _goal("pipeline_over_embedder_only", cold["pipeline_over_embedder_only"]),
         ],
     }
+
+
+def documents_throughput(preparer: Preparer, copies: int) -> dict[str, Any]:
+    """Text extraction and chunking of documents, as the worker does it before embedding:
+    `copies` each of a six-page PDF datasheet, a DOCX procedure and a two-sheet XLSX price list
+    (every copy's text unique, so nothing is answered from the preparer's memo), extracted in
+    the sandboxed child (`ragcore.documents`), normalized and chunked with the model's
+    tokenizer. Pages are PDF pages, DOCX sections and spreadsheet row blocks."""
+    files: list[tuple[ContentFormat, bytes]] = []
+    for n in range(copies):
+        revision = f"Revision {n} of the GX-950 documentation set."
+        files.append((ContentFormat.PDF, pdf_bytes([*GX950_PAGES, [revision]])))
+        files.append(
+            (
+                ContentFormat.DOCX,
+                docx_bytes(
+                    [("h1", "Seal change"), ("p", revision), ("h2", "Lockout"), ("p", _LOCKOUT)]
+                ),
+            )
+        )
+        rows: list[list[object]] = [["part", "description", "price"]]
+        rows += [[f"SK-{n}-{i}", f"seal kit {i}, {revision}", 10.0 + i] for i in range(60)]
+        files.append((ContentFormat.XLSX, xlsx_bytes([("Prices", rows), ("Copy", rows[:5])])))
+    preparer.chunks(_document(ContentFormat.PDF, pdf_bytes([["warm-up"]])))  # start the child
+    before = dataclasses.replace(preparer.extraction)
+    by_format: dict[str, dict[str, float]] = {}
+    started = time.perf_counter()
+    chunks = 0
+    for fmt, data in files:
+        pages = preparer.extraction.pages
+        began = time.perf_counter()
+        count = len(preparer.chunks(_document(fmt, data)))
+        row = by_format.setdefault(fmt.value, {"files": 0, "pages": 0, "chunks": 0, "s": 0.0})
+        row["files"] += 1
+        row["pages"] += preparer.extraction.pages - pages
+        row["chunks"] += count
+        row["s"] += time.perf_counter() - began
+        chunks += count
+    wall = time.perf_counter() - started
+    pages = preparer.extraction.pages - before.pages
+    return {
+        "what": (
+            "documents extracted (sandboxed child process), normalized and chunked with the "
+            "model's tokenizer, as the worker does before embedding; no broker, no embedder"
+        ),
+        "files": len(files),
+        "pages": pages,
+        "chunks": chunks,
+        "wall_s": round(wall, 3),
+        "extract_s": round(preparer.extraction.seconds - before.seconds, 3),
+        "pages_per_s": round(pages / wall, 2),
+        "chunks_per_s": round(chunks / wall, 2),
+        "by_format": {
+            fmt: {
+                "files": int(r["files"]),
+                "pages": int(r["pages"]),
+                "chunks": int(r["chunks"]),
+                "pages_per_s": round(r["pages"] / r["s"], 2),
+                "chunks_per_s": round(r["chunks"] / r["s"], 2),
+            }
+            for fmt, r in by_format.items()
+        },
+    }
+
+
+_LOCKOUT = "Switch off the motor at isolator Q1, lock it and hang the personal tag."
+
+
+def _document(fmt: ContentFormat, data: bytes) -> Entity:
+    return Entity(
+        entity_id="documents:bench",
+        tenant_id=TENANTS[0],
+        entity_type="DOCUMENT",
+        content=encode_document(data),
+        content_format=fmt,
+        content_hash="",
+        metadata={DOCUMENT_NAME: f"bench.{fmt.value}"},
+    )
 
 
 def _embedder_only(
@@ -887,6 +973,12 @@ def main(argv: list[str] | None = None) -> int:
         default=15_000,
         help="entities of the phase whose embedder costs nothing (our pipeline alone)",
     )
+    parser.add_argument(
+        "--documents",
+        type=int,
+        default=20,
+        help="copies of each sample document (PDF, DOCX, XLSX) of the extraction phase (0: none)",
+    )
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument(
         "--placement",
@@ -904,6 +996,7 @@ def main(argv: list[str] | None = None) -> int:
         cached_entities=args.cached_entities,
         pipeline_entities=args.pipeline_entities,
         placement=args.placement,
+        documents=args.documents,
     )
     return emit(report)
 
