@@ -18,6 +18,7 @@ from ragcore.sor.sql import PostgresSor, SqliteSor
 from ragcore.sparse import Bm25Encoder
 from ragcore.store.base import PayloadSchema, Placement, VectorStore
 from ragcore.store.edge import EdgeStore
+from ragcore.store.host import HostedStore, advertised_store
 from ragcore.store.qdrant_remote import (
     CatalogEntries,
     QdrantRemoteStore,
@@ -77,12 +78,27 @@ def build_store(settings: StoreSettings, schema: PayloadSchema) -> TieredStore:
     )
 
 
+def open_store(settings: StoreSettings, schema: PayloadSchema) -> VectorStore:
+    """The store for a command: with the embedded backend, the one a live process (e.g.
+    `ragstream dev`) holds open and advertises in the data dir, through its store host;
+    otherwise the store `build_store` opens."""
+    if settings.backend == "edge":
+        hosted = advertised_store(settings.data_dir)
+        if hosted is not None:
+            return hosted
+    return build_store(settings, schema)
+
+
 def new_tenant_placement(settings: StoreSettings, store: VectorStore) -> Placement:
     """Where a tenant's first version goes: the configured placement, else the store's default;
     an engine adapter handed in by the caller (not a `TieredStore`) holds dedicated collections
     only, and asking it for shared ones is a configuration error."""
     if isinstance(store, TieredStore):
         return settings.new_tenants or store.default_placement
+    if isinstance(store, HostedStore):  # the store of a live process (ragcore/store/host.py)
+        hosted = store.default_placement
+        if hosted is not None:
+            return settings.new_tenants or hosted
     if settings.new_tenants == "shared":
         raise ConfigError(
             "store.new_tenants=shared needs the tiered store that build_store makes; the store "

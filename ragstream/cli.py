@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ragcore.errors import RagstreamError
 
 if TYPE_CHECKING:
+    from ragcore.settings import ServiceSettings
     from ragcore.store.base import VectorStore
     from ragcore.store.registry import IndexRegistry
     from schemas.entities import ContentFormat
@@ -127,13 +128,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from ragcore.embedding_models import EmbeddingModels
     from ragcore.rerankers import build_reranker
     from ragcore.sparse import Bm25Encoder
-    from ragcore.wiring import build_registry, build_store, payload_schema
+    from ragcore.wiring import build_registry, open_store, payload_schema
     from retrieval_api.calibration import CalibrationSettings, calibrate_version
     from retrieval_api.candidates import CandidateSearch
     from retrieval_api.settings import RetrieveSettings
 
     settings = RetrieveSettings()
-    store = build_store(settings.store, payload_schema(settings.plan))
+    store = open_store(settings.store, payload_schema(settings.plan))
     owned: list[Any] = [store]
     try:
         registry = build_registry(settings.store, store)
@@ -192,6 +193,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hosted_store(settings: ServiceSettings) -> VectorStore | None:
+    """The embedded store through the live process that holds it (`ragstream dev`), or None:
+    the command then opens the store itself."""
+    from ragcore.store.host import advertised_store
+
+    if settings.store.backend != "edge":
+        return None
+    return advertised_store(settings.store.data_dir)
+
+
 def _cmd_reconcile(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
@@ -200,7 +211,9 @@ def _cmd_reconcile(args: argparse.Namespace) -> int:
     from streams.reconcile import reconcile
     from streams.settings import IngestSettings
 
-    worker = build_worker(IngestSettings(), CollectorRegistry())
+    settings = IngestSettings()
+    hosted = _hosted_store(settings)
+    worker = build_worker(settings, CollectorRegistry(), store=hosted)
     try:
         if worker.sor is None:
             raise ConfigError("reconcile reads the system of record: set RAGSTREAM_SOR__KIND")
@@ -222,6 +235,8 @@ def _cmd_reconcile(args: argparse.Namespace) -> int:
         print_json(doc)
     finally:
         worker.close()
+        if hosted is not None:
+            hosted.close()
     return 0 if remaining == 0 else 1
 
 
@@ -241,7 +256,8 @@ def _cmd_reindex(args: argparse.Namespace) -> int:
     from streams.settings import IngestSettings
 
     settings = IngestSettings()
-    worker = build_worker(settings, CollectorRegistry())
+    hosted = _hosted_store(settings)
+    worker = build_worker(settings, CollectorRegistry(), store=hosted)
     try:
         if worker.sor is None:
             raise ConfigError("reindex reads the system of record: set RAGSTREAM_SOR__KIND")
@@ -298,16 +314,18 @@ def _cmd_reindex(args: argparse.Namespace) -> int:
         print_json(report.to_dict())
     finally:
         worker.close()
+        if hosted is not None:
+            hosted.close()
     return {"switched": 0, "built": 0, "parity_failed": 3, "drift": 4}[report.outcome]
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
     from ragcore.store.base import StoreFilter
-    from ragcore.wiring import build_registry, build_store, payload_schema
+    from ragcore.wiring import build_registry, open_store, payload_schema
     from streams.settings import IngestSettings
 
     settings = IngestSettings()
-    store = build_store(settings.store, payload_schema(settings.plan))
+    store = open_store(settings.store, payload_schema(settings.plan))
     try:
         registry = build_registry(settings.store, store)
         if args.action == "placement":
@@ -341,6 +359,43 @@ def _cmd_index(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from ragstream.status import Slos, from_metrics, from_prometheus, render
+
+    slos = Slos(
+        freshness_p95_s=args.slo_freshness_p95,
+        backlog_age_s=args.slo_backlog_age,
+        lag_records=args.slo_lag,
+        dlq_per_hour=args.slo_dlq_per_hour,
+        drift_entities=args.slo_drift,
+        retrieve_p95_s=args.slo_retrieve_p95,
+        error_rate=args.slo_error_rate,
+    )
+    if args.prometheus:
+        report = from_prometheus(args.prometheus, slos, args.selector)
+    else:
+        urls = args.metrics or _default_metrics_urls()
+        report = from_metrics(urls, slos, window_s=args.window)
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print(render(report))
+    return 1 if report.breached else 0
+
+
+def _default_metrics_urls() -> list[str]:
+    """Both services' /metrics as the RAGSTREAM_* settings place them."""
+    from retrieval_api.settings import RetrieveSettings
+    from streams.settings import IngestSettings
+
+    urls = []
+    for settings in (IngestSettings(), RetrieveSettings()):
+        host = settings.metrics_host
+        host = f"[{host}]" if ":" in host else host
+        urls.append(f"http://{host}:{settings.metrics_port}/metrics")
+    return list(dict.fromkeys(urls))
 
 
 def _placements(registry: IndexRegistry, store: VectorStore, threshold: int) -> dict[str, Any]:
@@ -532,6 +587,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", type=int, default=None, help="activate/retire: version number")
     p.add_argument("--drop", action="store_true", help="retire: also delete its collection")
     p.set_defaults(func=_cmd_index)
+
+    p = sub.add_parser(
+        "status",
+        help="SLO figures from the services' /metrics or Prometheus; exit 1 on a breach",
+        description=(
+            "Freshness p95, backlog age and consumer lag, DLQ records per hour, reconcile "
+            "drift, Retrieve p95 and server error rate, and the tenants that stand out, each "
+            "against its SLO (defaults: the alert rules' thresholds). Exit code 0: all met; "
+            "1: an SLO is breached; 2: a source could not be read."
+        ),
+    )
+    p.add_argument(
+        "--metrics",
+        action="append",
+        metavar="URL",
+        help="a /metrics URL (repeat for each service; default: both services' from the "
+        "RAGSTREAM_* settings, http://127.0.0.1:9464/metrics and :9465)",
+    )
+    p.add_argument(
+        "--prometheus", metavar="URL", help="read a Prometheus instead, e.g. http://prometheus:9090"
+    )
+    p.add_argument(
+        "--selector", default="", help='with --prometheus: label matchers, e.g. namespace="prod"'
+    )
+    p.add_argument(
+        "--window",
+        type=float,
+        default=10.0,
+        help="with /metrics: seconds between the two scrapes rates come from (0: one scrape, "
+        "totals since start)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    from ragstream.status import Slos
+
+    defaults = Slos()
+    for flag, name, unit in (
+        ("--slo-freshness-p95", "freshness_p95_s", "seconds"),
+        ("--slo-backlog-age", "backlog_age_s", "seconds"),
+        ("--slo-lag", "lag_records", "records"),
+        ("--slo-dlq-per-hour", "dlq_per_hour", "records"),
+        ("--slo-drift", "drift_entities", "entities"),
+        ("--slo-retrieve-p95", "retrieve_p95_s", "seconds"),
+        ("--slo-error-rate", "error_rate", "fraction"),
+    ):
+        default = getattr(defaults, name)
+        p.add_argument(flag, type=float, default=default, help=f"{unit} (default {default:g})")
+    p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser(
         "config", help="print the effective settings (from RAGSTREAM_* env), secrets masked"

@@ -17,7 +17,10 @@ import json
 import logging
 import os
 import secrets
+import shlex
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -40,6 +43,7 @@ from ragcore.kafka_config import KafkaSettings
 from ragcore.plan import PlanConfig
 from ragcore.resources import package_dir
 from ragcore.settings import SorSettings, StoreSettings
+from ragcore.store.host import StoreHost, advertise, new_host_key, withdraw
 from ragcore.wiring import build_store, payload_schema
 from ragdev.sample import SAMPLE_DDL, SAMPLE_TABLES, sample_rows
 from ragdev.services.debezium import DebeziumConnect, PostgresSource
@@ -61,6 +65,8 @@ log = logging.getLogger("ragdev.dev")
 
 STACK_FILE = "dev-stack.json"
 TOKENS_FILE = "dev-tokens.json"
+#: The variables for admin commands beside the running stack (see `_write_env`).
+ENV_FILE = "dev.env"
 #: The topics the stack creates besides one per mapped table.
 SERVICE_TOPICS = ("ragstream.dlq", "ragstream.audit", "ragstream.reindex-requests")
 #: The dev stack's SoR tables (two, shaped differently) and record policy.
@@ -106,6 +112,30 @@ def _create_topics(bootstrap: str, table_topics: list[str], partitions: int) -> 
         except Exception as exc:  # confluent raises KafkaException(TOPIC_ALREADY_EXISTS)
             if "already exists" not in str(exc).lower():
                 raise ConfigError(f"cannot create topic {topic}: {exc}") from exc
+
+
+def _write_env(
+    data_dir: Path, store: StoreSettings, sor: SorSettings, bootstrap: str, ports: DevPorts
+) -> None:
+    """`<data_dir>/dev.env` (0600): the RAGSTREAM_* variables that point `ragstream reconcile`,
+    `reindex`, `calibrate`, `index` and `status` at this stack (`set -a; . data/dev.env`)."""
+    tables = [m.model_dump(mode="json") for m in DEV_PLAN.tables]
+    env = {
+        "RAGSTREAM_STORE__DATA_DIR": str(store.data_dir),
+        "RAGSTREAM_SOR__KIND": sor.kind,
+        "RAGSTREAM_PLAN__TABLES": json.dumps(tables, separators=(",", ":")),
+        "RAGSTREAM_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+        "RAGSTREAM_EMBEDDING_CACHE__PATH": str(data_dir / "embedding-cache.sqlite"),
+        "RAGSTREAM_METRICS_PORT": str(ports.metrics),
+    }
+    if sor.sqlite_path is not None:
+        env["RAGSTREAM_SOR__SQLITE_PATH"] = str(sor.sqlite_path)
+    if sor.dsn is not None:
+        env["RAGSTREAM_SOR__DSN"] = sor.dsn.get_secret_value()
+    path = data_dir / ENV_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.writelines(f"{k}={shlex.quote(v)}\n" for k, v in env.items())
 
 
 def read_stack(data_dir: Path) -> dict[str, Any]:
@@ -352,6 +382,13 @@ def _serve_stack(
         embedder=embedder,
     )
     start_http_server(ports.metrics, "127.0.0.1", registry=registry)
+    # admin commands (reconcile, reindex, calibrate, index) use the store through this host
+    # while the stack holds it open (ragcore/store/host.py)
+    host_dir = Path(tempfile.mkdtemp(prefix="ragstream-dev-"))  # mode 0700
+    host_key = new_host_key()
+    host = StoreHost(store, host_dir / "store.sock", authkey=host_key)
+    host.start()
+    advertise(store_settings.data_dir, host, host_key)
     worker_thread: threading.Thread | None = None
     reconcile_thread: threading.Thread | None = None
     try:
@@ -368,6 +405,7 @@ def _serve_stack(
         total = source.publish()
         _wait_indexed(registry, total)
         _calibrate(app.retriever, embedder, tenants)
+        _write_env(data_dir, store_settings, sor_settings, bootstrap, ports)
         (data_dir / STACK_FILE).write_text(
             json.dumps(
                 {
@@ -386,9 +424,13 @@ def _serve_stack(
         for thread in (worker_thread, reconcile_thread):
             if thread is not None:
                 thread.join(30)
+        withdraw(store_settings.data_dir)
+        host.close()
+        shutil.rmtree(host_dir, ignore_errors=True)
         app.close()
         embedder.close()
         store.close()
+        (data_dir / ENV_FILE).unlink(missing_ok=True)
     print("stopped cleanly", flush=True)
     return 0
 
@@ -468,6 +510,9 @@ async def _serve(
             "\nTry: ragstream sor put --tenant acme --id my-doc"
             " --text 'Our office dog is called Rex.'"
             "\n     ragstream query --tenant acme 'what is the name of the office dog?'"
+            f"\nAdmin commands run beside it: set -a; . {data_dir / ENV_FILE}; set +a"
+            "\n     ragstream reconcile --tenant acme; ragstream index list --tenant acme;"
+            " ragstream status"
             "\nPress Ctrl-C to stop.",
             flush=True,
         )

@@ -24,6 +24,7 @@ Qdrant server.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import queue
@@ -35,7 +36,7 @@ from itertools import islice
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ragcore.errors import RagstreamError, StoreError, StoreUnavailableError
 from ragcore.store.base import (
@@ -51,7 +52,15 @@ from ragcore.store.base import (
     VectorStore,
 )
 
-__all__ = ["HostedStore", "StoreHost", "new_host_key"]
+__all__ = [
+    "ADVERTISEMENT",
+    "HostedStore",
+    "StoreHost",
+    "advertise",
+    "advertised_store",
+    "new_host_key",
+    "withdraw",
+]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +83,10 @@ SERVED = frozenset(
         "optimize",
     }
 )
+#: Attributes of the hosted store a caller may read (None when the store has none).
+ATTRIBUTES = frozenset({"default_placement"})
+#: The file in a data dir that names the live host of its store (see `advertise`).
+ADVERTISEMENT = "store-host.json"
 _SCROLL = "scroll"
 _NEXT = "next"
 #: Idle connections a `HostedStore` keeps (more callers than this open and close their own).
@@ -188,6 +201,8 @@ class StoreHost:
                         reply: tuple[str, Any] = ("ok", page)
                     elif method in SERVED:
                         reply = ("ok", getattr(self._store, method)(*args, **kwargs))
+                    elif method in ATTRIBUTES:
+                        reply = ("ok", getattr(self._store, method, None))
                     else:
                         raise StoreError(f"store host: {method!r} is not served")
                 except _AS_IS as exc:
@@ -312,6 +327,13 @@ class HostedStore:
                 self._idle.get_nowait().close()
             except queue.Empty:
                 return
+
+    @property
+    def default_placement(self) -> Placement | None:
+        """The hosted store's placement for a new tenant (a `TieredStore`'s), or None when
+        it holds dedicated collections only."""
+        value = self._call("default_placement")
+        return None if value is None else cast(Placement, value)
 
     # --- VectorStore ------------------------------------------------------------------------
 
@@ -461,3 +483,74 @@ def _host_error(method: str, value: Any) -> Exception:
     if isinstance(value, _AS_IS):
         return value
     return StoreError(f"store host: {method}: {value!r}")
+
+
+# --- a data dir's host, for other processes of its owner ------------------------------------
+
+
+def advertise(data_dir: Path, host: StoreHost, authkey: bytes) -> Path:
+    """Name `host` as the live opener of the store in `data_dir`: its socket, its key and this
+    process's id, in `<data_dir>/store-host.json` (mode 0600, written atomically). Commands
+    run beside a live embedded stack (`ragstream reconcile`, `reindex`, `calibrate`, `index`)
+    use the store through it instead of opening the locked shards. The key is no more exposed
+    than the data: whoever may read this file may read the store's files as well."""
+    path = Path(data_dir) / ADVERTISEMENT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"address": str(host.address), "key": authkey.hex(), "pid": os.getpid()}
+    partial = path.with_name(f".{ADVERTISEMENT}.{os.getpid()}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump(doc, out)
+    partial.replace(path)
+    return path
+
+
+def withdraw(data_dir: Path) -> None:
+    """Remove this process's advertisement of `data_dir` (another process's stays)."""
+    path = Path(data_dir) / ADVERTISEMENT
+    doc = _read_advertisement(path)
+    if doc is not None and doc.get("pid") == os.getpid():
+        path.unlink(missing_ok=True)
+
+
+def _read_advertisement(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"unreadable store host advertisement {path}: {exc}") from exc
+    if not isinstance(doc, dict) or not {"address", "key", "pid"} <= doc.keys():
+        raise StoreError(f"malformed store host advertisement {path}")
+    return doc
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive, and its file would not be ours to read
+    return True
+
+
+def advertised_store(data_dir: Path, *, timeout_s: float = 30.0) -> HostedStore | None:
+    """The store of `data_dir` through the live process that holds it open, or None when no
+    live process advertises it (a stale file of a process that died is ignored). A live host
+    that cannot be reached is a StoreUnavailableError: opening the shards would fail on their
+    lock anyway."""
+    path = Path(data_dir) / ADVERTISEMENT
+    doc = _read_advertisement(path)
+    if doc is None or not _alive(int(doc["pid"])):
+        return None
+    store = HostedStore(
+        Path(doc["address"]), authkey=bytes.fromhex(doc["key"]), timeout_s=timeout_s
+    )
+    try:
+        store.default_placement  # noqa: B018 - a round trip: reachable, key accepted
+    except BaseException:
+        store.close()
+        raise
+    log.info("using the store of %s through its live host (pid %s)", data_dir, doc["pid"])
+    return store

@@ -7,7 +7,10 @@ real pickles); `tests/retrieval_api/test_processes.py` runs it across processes.
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
 import threading
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -16,7 +19,15 @@ import pytest
 
 from ragcore.errors import StoreError, StoreUnavailableError
 from ragcore.store.edge import EdgeStore
-from ragcore.store.host import HostedStore, StoreHost, new_host_key
+from ragcore.store.host import (
+    ADVERTISEMENT,
+    HostedStore,
+    StoreHost,
+    advertise,
+    advertised_store,
+    new_host_key,
+    withdraw,
+)
 from ragcore.store.tiered import FilePlacementCatalog, TieredStore
 from tests.ragcore.store.contract import (
     COLLECTION,
@@ -170,3 +181,47 @@ def test_a_host_gone_is_an_outage_not_a_crash(tmp_path: Path) -> None:
         client.close()
         host.close()
         store.close()
+
+
+def test_an_advertised_live_host_serves_its_data_dir_to_other_openers(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    store = _tiered(data, "shared")
+    key = new_host_key()
+    host = StoreHost(store, tmp_path / "h.sock", authkey=key)
+    host.start()
+    try:
+        assert advertised_store(data) is None  # nothing advertised yet
+        path = advertise(data, host, key)
+        assert path == data / ADVERTISEMENT and path.stat().st_mode & 0o777 == 0o600
+        client = advertised_store(data)
+        assert client is not None
+        try:
+            assert client.default_placement == "shared"
+            client.ensure_collection("rag__acme__v1", 4)
+            assert store.collection_exists("rag__acme__v1")  # it went to the host's store
+        finally:
+            client.close()
+        withdraw(data)
+        assert not path.exists()
+    finally:
+        host.close()
+        store.close()
+
+
+def test_a_stale_or_foreign_advertisement_is_handled(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    doc = {"address": str(tmp_path / "gone.sock"), "key": "00" * 32, "pid": dead.pid}
+    (data / ADVERTISEMENT).write_text(json.dumps(doc))
+    assert advertised_store(data) is None  # its process died: open the store directly
+    withdraw(data)  # not this process's advertisement: kept
+    assert (data / ADVERTISEMENT).exists()
+    # a live process whose socket is gone: an outage, not a silent second opener
+    (data / ADVERTISEMENT).write_text(json.dumps({**doc, "pid": os.getpid()}))
+    with pytest.raises(StoreUnavailableError):
+        advertised_store(data)
+    (data / ADVERTISEMENT).write_text("{not json")
+    with pytest.raises(StoreError, match="unreadable"):
+        advertised_store(data)

@@ -1,0 +1,121 @@
+"""`ragstream status`: figures and SLO verdicts from real expositions (prometheus_client
+registries) and from a running `ragstream dev` stack's /metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ragstream.status import NOT_EXPORTED, Slos, _bucket_quantile, _View, parse, standing_out
+from tests.ragstream.conftest import RunningDev
+
+BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0)
+
+
+def exposition(registry: CollectorRegistry) -> str:
+    return generate_latest(registry).decode()
+
+
+@pytest.mark.unit
+def test_quantiles_interpolate_within_the_bucket_as_prometheus_does() -> None:
+    edges = [0.1, 0.5, 1.0, float("inf")]
+    assert _bucket_quantile(0.5, edges, [0, 10, 10, 10]) == pytest.approx(0.3)
+    assert _bucket_quantile(0.95, edges, [90, 95, 100, 100]) == pytest.approx(0.5)
+    assert _bucket_quantile(0.99, edges, [0, 0, 0, 10]) == 1.0  # highest finite bound
+
+
+@pytest.mark.unit
+def test_a_window_reads_only_what_happened_in_it() -> None:
+    registry = CollectorRegistry()
+    latency = Histogram(
+        "grpc_server_handling_seconds", "h", ["grpc_method"], buckets=BUCKETS, registry=registry
+    )
+    for _ in range(300):
+        latency.labels("Retrieve").observe(0.05)  # before the window: fast
+    before = parse(exposition(registry))
+    for _ in range(10):
+        latency.labels("Retrieve").observe(3.0)  # in the window: slow
+    view = _View(before, parse(exposition(registry)))
+    p95, basis = view.quantile("grpc_server_handling_seconds", 0.95)
+    assert basis == "window" and 2.0 < p95 <= 5.0  # type: ignore[operator]
+    since_start, basis = _View(None, parse(exposition(registry))).quantile(
+        "grpc_server_handling_seconds", 0.95
+    )
+    assert basis == "since start" and since_start is not None and since_start <= 0.1
+
+
+@pytest.mark.unit
+def test_a_tenant_far_above_the_others_and_refused_tenants_stand_out() -> None:
+    registry = CollectorRegistry()
+    admission = Counter(
+        "ragstream_retrieve_admission", "a", ["tenant_class", "outcome"], registry=registry
+    )
+    per_tenant = Gauge("ragstream_example_in_flight", "g", ["tenant"], registry=registry)
+    for tenant, value in (("a", 1), ("b", 2), ("c", 1), ("noisy", 40)):
+        per_tenant.labels(tenant).set(value)
+    admission.labels("small", "admitted").inc(50)
+    before = parse(exposition(registry))
+    admission.labels("small", "admitted").inc(5)
+    admission.labels("large", "throttled").inc(7)
+    found = standing_out(_View(before, parse(exposition(registry))))
+    assert found == [
+        "large: 7 refused (throttled)",
+        "noisy: 40 in ragstream_example_in_flight (others' median 1)",
+    ]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_status_reads_a_running_stack_and_exits_non_zero_on_a_breach(
+    running_dev: RunningDev,
+) -> None:
+    url = f"http://127.0.0.1:{running_dev.dev.metrics}/metrics"
+    # a burst of requests with a bad token: client errors, no server error
+    for _ in range(5):
+        bad = running_dev.run(
+            "query", "--target", f"127.0.0.1:{running_dev.dev.grpc}", "--token", "nope", "x"
+        )
+        assert bad.returncode != 0
+    # since start, the figures include the stack's first load (a backfill) and first queries
+    generous = ("--slo-retrieve-p95", "30", "--slo-freshness-p95", "600")
+    healthy = running_dev.run("status", "--metrics", url, "--window", "0", "--json", *generous)
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    rows = {r["name"]: r for r in json.loads(healthy.stdout)["rows"]}
+    assert rows["freshness p95"]["value"] > 0  # the sample rows were indexed
+    assert rows["Retrieve p95"]["value"] > 0  # the banner's example queries
+    assert rows["Retrieve server error rate"]["value"] == 0.0
+    assert rows["Retrieve server error rate"]["note"].endswith("calls since start")
+    assert rows["DLQ records"]["value"] == 0
+    assert rows["reconcile drift"]["shown"] in ("0", NOT_EXPORTED, "no data")
+    for name in ("backlog age", "consumer lag"):  # issue 25 item 3, exported or not
+        assert rows[name]["shown"] == NOT_EXPORTED or rows[name]["value"] is not None
+    assert not [r for r in rows.values() if r["breached"]]
+
+    breached = running_dev.run(
+        "status",
+        "--metrics",
+        url,
+        "--window",
+        "1",
+        "--slo-freshness-p95",
+        "600",
+        "--slo-retrieve-p95",
+        "0.000001",
+    )
+    text = breached.stdout
+    # no Retrieve call in the 1 s window: the p95 falls back to the totals since start
+    assert breached.returncode == 1, text + breached.stderr
+    assert "Retrieve p95" in text and "BREACH" in text and "since start" in text
+    assert text.rstrip().endswith("SLO breached: Retrieve p95")
+
+    unreachable = running_dev.run("status", "--metrics", "http://127.0.0.1:1/metrics")
+    assert unreachable.returncode == 2 and "STATUS_UNREADABLE" in unreachable.stderr
+
+
+@pytest.mark.unit
+def test_slo_defaults_are_the_alert_thresholds() -> None:
+    slos = Slos()
+    assert (slos.freshness_p95_s, slos.retrieve_p95_s, slos.error_rate) == (2.0, 0.5, 0.05)
+    assert slos.drift_entities == 100
