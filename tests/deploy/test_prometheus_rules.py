@@ -32,6 +32,7 @@ EXPECTED_ALERTS = {
     "RagstreamRetrieveErrorRate",
     "RagstreamRetrieveLatencyHigh",
     "RagstreamRetrieveStaleExclusionSpike",
+    "RagstreamRetrieveConfigReloadFailing",
     "RagstreamReconcileDrift",
     "RagstreamTenantsDueForPromotion",
 }

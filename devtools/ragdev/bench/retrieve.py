@@ -240,8 +240,9 @@ class _Built:
 class _Builder:
     """Generates entities (1-3 chunks each) and their points and SoR rows."""
 
-    def __init__(self, prose: _Prose, rng: np.random.Generator) -> None:
+    def __init__(self, prose: _Prose, rng: np.random.Generator, tenant: str = TENANT) -> None:
         self.prose = prose
+        self.tenant = tenant
         self.rng = rng
         self.sparse = Bm25Encoder()
         self.clock = datetime(2026, 1, 1, tzinfo=UTC)
@@ -311,7 +312,7 @@ class _Builder:
         self.chunks += len(chunks)
         row = (
             key,
-            TENANT,
+            self.tenant,
             entity_type,
             title,
             content,
