@@ -6,10 +6,12 @@ bench retrieve` builds one (real prose, synthetic chunk vectors around REAL sent
 embeddings, BM25, qdrant-edge, HNSW; every entity in the SQLite SoR, which every call verifies
 against), served by the product's gRPC server (`retrieval_api.app.build_app`: auth, per-tenant
 admission, the whole pipeline with the real local ONNX embedder) on a loopback port of this
-process. The noisy tenant's share is its quota, `concurrency` calls in flight
-(`RAGSTREAM_ADMISSION__QUOTAS`); it floods at `--flood-factor` (10) times that: as many client
-threads, each calling back to back (`ragdev.bench.loadgen --flood`, a process of its own),
-waiting the server's retry hint after a refusal (`--ignore-retry-hint`: not even that).
+process. The noisy tenant's share is its quota (`RAGSTREAM_ADMISSION__QUOTAS`): `--share` calls in
+flight (1) and `--share-rps` calls per second (10; 0: none). It floods at `--flood-factor` (10)
+times that: 10 x `--share` client threads, each calling back to back (`ragdev.bench.loadgen
+--flood`, a process of its own) and waiting the server's retry hint after a refusal, so each
+offers about 1 / hint calls per second; with the rate quota that is 10x its rate
+(`--ignore-retry-hint`: no waiting at all).
 
 The quiet tenant probes with one call at a time (`ragdev.bench.loadgen`), in rounds of three
 phases run back to back, so background load on the shared machine weighs on all alike:
@@ -206,10 +208,14 @@ def _probe(target: str, queries: Sequence[str], tmp: Path) -> list[dict[str, Any
 def _quiet_summary(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     statuses = Counter(s["status"] for s in samples)
     errors = sum(n for status, n in statuses.items() if status.startswith("GRPC_"))
+    excluded: Counter[str] = Counter()
+    for s in samples:
+        excluded.update(s.get("excluded", {}))
     return {
         "calls": len(samples),
         "latency_ms": percentiles([s["latency_s"] for s in samples], scale=1000.0, digits=2),
         "statuses": dict(statuses),
+        "excluded_by_reason": dict(excluded),
         "error_share": round(errors / len(samples), 4),
         "refused": statuses.get("GRPC_RESOURCE_EXHAUSTED", 0),
     }
@@ -245,6 +251,7 @@ def run(
     calls: int = 100,
     rounds: int = 2,
     share: int = 1,
+    share_rps: float | None = 10.0,
     flood_factor: int = 10,
     honor_retry_hint: bool = True,
     data_dir: Path | None = None,
@@ -271,7 +278,7 @@ def run(
         flood_queries.write_text(json.dumps(_questions(prose, 500, rng)), encoding="utf-8")
         quotas = QuotaBook(
             default=TenantQuota(concurrency=8),
-            tenants={NOISY: TenantQuota(concurrency=share)},
+            tenants={NOISY: TenantQuota(concurrency=share, requests_per_s=share_rps)},
         )
         base = RetrieveSettings(
             grpc=GrpcSettings(port=0),
@@ -332,7 +339,9 @@ def run(
             "to back: alone; while the noisy tenant floods (admission on); while it floods a "
             "second server on the same store with admission off. The flood: "
             f"{share * flood_factor} client threads ({flood_factor}x the noisy tenant's share "
-            f"of {share} calls in flight), each calling back to back, "
+            f"of {share} calls in flight"
+            + (f" and {share_rps:g} calls/s" if share_rps else "")
+            + "), each calling back to back, "
             + (
                 "waiting the server's retry hint (grpc-retry-pushback-ms) after a refusal"
                 if honor_retry_hint
@@ -384,6 +393,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=100, help="quiet calls per phase and round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--share", type=int, default=1, help="the noisy tenant's concurrency")
+    parser.add_argument(
+        "--share-rps",
+        type=float,
+        default=10.0,
+        help="the noisy tenant's calls/s (0: no rate quota, its share is its concurrency)",
+    )
     parser.add_argument("--flood-factor", type=int, default=10)
     parser.add_argument("--ignore-retry-hint", action="store_true")
     parser.add_argument("--data-dir", type=Path, default=None)
@@ -396,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         calls=args.calls,
         rounds=args.rounds,
         share=args.share,
+        share_rps=args.share_rps or None,
         flood_factor=args.flood_factor,
         honor_retry_hint=not args.ignore_retry_hint,
         data_dir=args.data_dir,
