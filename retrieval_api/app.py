@@ -21,9 +21,11 @@ from ragcore.store.base import VectorStore
 from ragcore.store.registry import IndexRegistry
 from ragcore.tracing import Tracing
 from ragcore.wiring import Closable, build_core
+from retrieval_api.admission import TenantAdmission
+from retrieval_api.auth import Authenticator
 from retrieval_api.metrics import RetrieveMetrics
 from retrieval_api.processes import RetrieveProcesses
-from retrieval_api.server import Authenticator, RetrieveServer
+from retrieval_api.server import RetrieveServer
 from retrieval_api.service import Retriever
 from retrieval_api.settings import RetrieveSettings
 
@@ -159,10 +161,12 @@ def build_app(
     server = RetrieveServer(
         settings.grpc,
         retriever=retriever,
-        auth=Authenticator(settings.auth),
+        auth=Authenticator(settings.auth, registry),
         registry=registry,
         health_check=health_check,
         health_interval_s=settings.health_check_interval_s,
+        admission=TenantAdmission(settings.admission, registry),
+        reload_interval_s=settings.auth.reload_interval_s,
     )
     owned = [*core.owned, *created]
     app = RetrieveApp(
@@ -180,12 +184,13 @@ def build_app(
 
 
 async def serve(app: RetrieveApp, on_start: Callable[[int], None] | None = None) -> None:
-    """Serve until SIGTERM/SIGINT, then shut down gracefully; `on_start` gets the bound port
-    once the server serves."""
+    """Serve until SIGTERM/SIGINT, then shut down gracefully; SIGHUP reloads the credentials
+    and quotas; `on_start` gets the bound port once the server serves."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, app.server.reload)
     await app.server.start()
     log.info("Retrieve serving on %s:%d", app.settings.grpc.host, app.server.port)
     if on_start is not None:
@@ -225,6 +230,7 @@ def _serve_processes(settings: RetrieveSettings) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: group.signal(signal.SIGHUP))
     try:
         group.start()
     except RagstreamError as exc:

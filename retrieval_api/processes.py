@@ -205,6 +205,12 @@ class RetrieveProcesses:
             total += (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
         return total
 
+    def signal(self, sig: signal.Signals) -> None:
+        """Send `sig` to every running server process (SIGHUP: reload credentials, quotas)."""
+        for child in self._children:
+            if child.process.poll() is None:
+                child.process.send_signal(sig)
+
     def wait(self, stop: threading.Event, poll_s: float = 0.5) -> int | None:
         """Block until `stop` is set (None) or a server process exits (its exit code)."""
         while not stop.wait(poll_s):

@@ -6,7 +6,8 @@ errors to status codes (one table, `STATUS_OF`) -> audit. Error table (README "E
 
 | error                                   | gRPC status          |
 |-----------------------------------------|----------------------|
-| no or unknown credentials               | UNAUTHENTICATED      |
+| no, unknown or expired credentials      | UNAUTHENTICATED      |
+| tenant quota or server capacity used up | RESOURCE_EXHAUSTED   |
 | request for another tenant              | PERMISSION_DENIED    |
 | malformed request (RequestValidation)   | INVALID_ARGUMENT     |
 | deadline passed                         | DEADLINE_EXCEEDED    |
@@ -16,19 +17,22 @@ errors to status codes (one table, `STATUS_OF`) -> audit. Error table (README "E
 | any other ragstream error               | INTERNAL             |
 
 A search that ran but found nothing usable is OK with status NO_EVIDENCE. Every non-OK answer
-carries the stable ragstream code in the trailing metadata `ragstream-error-code`.
+carries the stable ragstream code in the trailing metadata `ragstream-error-code`; a shed call
+(RESOURCE_EXHAUSTED) also carries its retry hint (`grpc-retry-pushback-ms`, `retry-after-ms`).
+Admission per tenant (retrieval_api/admission.py) runs after authentication, before the
+pipeline; credentials and quotas reload without a restart (`RetrieveServer.reload`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -46,9 +50,11 @@ from ragcore.errors import (
 )
 from ragcore.rerankers import RerankUnavailableError
 from ragcore.sor.sql import SorUnavailableError
+from retrieval_api.admission import OverloadedError, TenantAdmission
+from retrieval_api.auth import AuthenticationError, Authenticator
 from retrieval_api.evidence import error_pack
 from retrieval_api.service import DeadlineExceededError, Retriever
-from retrieval_api.settings import AuthSettings, GrpcSettings
+from retrieval_api.settings import GrpcSettings
 from retrieval_api.tracing import TracingInterceptor
 from retrieval_api.validate import (
     PermissionDeniedError,
@@ -65,15 +71,10 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RetrievalService"].full_name
 ERROR_CODE_KEY = "ragstream-error-code"
 
 
-class AuthenticationError(RagstreamError):
-    """The caller presented no usable credentials."""
-
-    code = "UNAUTHENTICATED"
-
-
 #: Typed errors -> gRPC status, most specific first.
 STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
+    (OverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (RequestValidationError, grpc.StatusCode.INVALID_ARGUMENT),
     (DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
@@ -95,43 +96,20 @@ def status_of(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-class Authenticator:
-    """Maps a caller to its tenant: `authorization: Bearer <token>` or an mTLS identity."""
-
-    def __init__(self, settings: AuthSettings) -> None:
-        self._tokens = settings.token_hashes()
-        self._mtls = dict(settings.mtls_tenants)
-
-    def tenant_of(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
-        """The caller's tenant; AuthenticationError when it has none."""
-        metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
-        header = metadata.get("authorization")
-        if header is not None:
-            scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or not token.strip():
-                raise AuthenticationError("authorization must be 'Bearer <token>'")
-            digest = hashlib.sha256(token.strip().encode()).hexdigest()
-            tenant = self._tokens.get(digest)
-            if tenant is None:
-                raise AuthenticationError("unknown API token")
-            return tenant
-        names = context.auth_context().get("x509_common_name", [])
-        for name in names:
-            tenant = self._mtls.get(name.decode(errors="replace"))
-            if tenant is not None:
-                return tenant
-        raise AuthenticationError(
-            "no credentials: send 'authorization: Bearer <token>' or a client certificate"
-        )
-
-
 class RetrievalServicer(pb_grpc.RetrievalServiceServicer):
     """Thin servicer: proto in, domain, proto out; errors mapped by `STATUS_OF`."""
 
-    def __init__(self, retriever: Retriever, auth: Authenticator, pool: ThreadPoolExecutor) -> None:
+    def __init__(
+        self,
+        retriever: Retriever,
+        auth: Authenticator,
+        pool: ThreadPoolExecutor,
+        admission: TenantAdmission | None = None,
+    ) -> None:
         self._retriever = retriever
         self._auth = auth
         self._pool = pool
+        self._admission = admission
 
     async def Retrieve(  # noqa: N802 - the generated base class names it
         self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -149,20 +127,30 @@ class RetrievalServicer(pb_grpc.RetrievalServiceServicer):
             loop = asyncio.get_running_loop()
             # a copy of the call's context: the pipeline's spans are children of the call's
             call = contextvars.copy_context()
-            return await loop.run_in_executor(
-                self._pool, call.run, self._retriever.retrieve, validated, deadline
-            )
+            if self._admission is None:
+                return await loop.run_in_executor(
+                    self._pool, call.run, self._retriever.retrieve, validated, deadline
+                )
+            with self._admission.admit(tenant):
+                return await loop.run_in_executor(
+                    self._pool, call.run, self._retriever.retrieve, validated, deadline
+                )
         except RagstreamError as exc:
             code = status_of(exc)
             request_id = request_id_or_new(request.request_id, self._retriever.config)
-            if tenant and not isinstance(exc, AuthenticationError):
+            # a shed call is counted by admission, not audited: a flood would flood the audit
+            if tenant and not isinstance(exc, AuthenticationError | OverloadedError):
                 timings = {"total": (time.perf_counter() - started) * 1000}
                 pack = error_pack(request_id, exc.code, str(exc), tenant=tenant, timings_ms=timings)
                 self._retriever.record_failure(
                     pack, request.query_text, requested_at, code=go_code_name(code)
                 )
-            log.info("Retrieve %s [%s]: %s", code.name, exc.code, exc)
-            trailer = ((ERROR_CODE_KEY, exc.code),)
+            # shed calls are summed up by admission's offenders line instead of one line each
+            level = logging.DEBUG if isinstance(exc, OverloadedError) else logging.INFO
+            log.log(level, "Retrieve %s [%s]: %s", code.name, exc.code, exc)
+            trailer: tuple[tuple[str, str], ...] = ((ERROR_CODE_KEY, exc.code),)
+            if isinstance(exc, OverloadedError):
+                trailer += exc.trailers()
             await context.abort(code, f"{exc.code}: {exc}", trailing_metadata=trailer)
             raise  # unreachable: abort raises
 
@@ -255,10 +243,16 @@ class RetrieveServer:
         registry: CollectorRegistry,
         health_check: Callable[[], None],
         health_interval_s: float = 10.0,
+        admission: TenantAdmission | None = None,
+        reload_interval_s: float = 2.0,
     ) -> None:
         self._settings = settings
         self._retriever = retriever
         self._auth = auth
+        self.admission = admission
+        self._reload_interval = reload_interval_s
+        self._watched = _Watched(auth, admission)
+        self._tasks: list[asyncio.Task[None]] = []
         self._interceptor = GrpcMetrics(registry)
         self._pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="retrieve")
         self.health = HealthServicer()
@@ -275,7 +269,7 @@ class RetrieveServer:
             maximum_concurrent_rpcs=self._settings.max_concurrent_rpcs,
         )
         pb_grpc.add_RetrievalServiceServicer_to_server(
-            RetrievalServicer(self._retriever, self._auth, self._pool), server
+            RetrievalServicer(self._retriever, self._auth, self._pool, self.admission), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
@@ -307,6 +301,26 @@ class RetrieveServer:
         await self._server.start()
         await self._check_health()
         self._health_task = asyncio.create_task(self._health_loop())
+        self._tasks.append(asyncio.create_task(self._every(self._reload_interval, self.poll)))
+        if self.admission is not None:
+            every = self.admission.settings.offenders_log_interval_s
+            offenders = self._every(every, self.admission.log_offenders)
+            self._tasks.append(asyncio.create_task(offenders))
+
+    def reload(self) -> None:
+        """Read the credentials and the quotas again now (SIGHUP); what cannot be read is
+        logged and counted, and what was in force stays."""
+        self._watched.reload()
+
+    def poll(self) -> None:
+        """Reload the credentials and the quotas if one of their files changed."""
+        self._watched.poll()
+
+    @staticmethod
+    async def _every(interval_s: float, action: Callable[[], None]) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            action()
 
     def check_health(self) -> None:
         """Run the health check once in the caller's thread (what the health service reports:
@@ -334,6 +348,8 @@ class RetrieveServer:
         """Graceful shutdown: NOT_SERVING first, drain in-flight RPCs, then stop."""
         if self._health_task is not None:
             self._health_task.cancel()
+        for task in self._tasks:
+            task.cancel()
         await self.health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(self._settings.grace_s)
@@ -343,3 +359,49 @@ class RetrieveServer:
         """Until the server terminates."""
         if self._server is not None:
             await self._server.wait_for_termination()
+
+
+class _Watched:
+    """The files credentials and quotas come from, and when each was last seen changed."""
+
+    def __init__(self, auth: Authenticator, admission: TenantAdmission | None) -> None:
+        self._auth = auth
+        self._admission = admission
+        self._seen = self._stamps()
+        if admission is not None:
+            auth.metrics.reload_ok.labels("quotas").set(1)
+
+    def _paths(self) -> list[Path]:
+        s = self._auth.settings
+        paths = [s.tokens_file, s.mtls_file]
+        if self._admission is not None:
+            paths.append(self._admission.settings.quotas_file)
+        return [p for p in paths if p is not None]
+
+    def _stamps(self) -> dict[Path, tuple[int, int, int] | None]:
+        stamps: dict[Path, tuple[int, int, int] | None] = {}
+        for path in self._paths():
+            try:
+                st = path.stat()  # follows symlinks: a Kubernetes secret swaps one
+            except OSError:
+                stamps[path] = None
+            else:
+                stamps[path] = (st.st_mtime_ns, st.st_size, st.st_ino)
+        return stamps
+
+    def poll(self) -> None:
+        stamps = self._stamps()
+        if stamps != self._seen:
+            self._seen = stamps
+            self.reload()
+
+    def reload(self) -> None:
+        self._auth.reload()
+        if self._admission is not None:
+            try:
+                self._admission.reload()
+            except RagstreamError as exc:
+                self._auth.metrics.reloaded("quotas", ok=False)
+                log.error("quotas not reloaded, the previous ones stay in force: %s", exc)
+            else:
+                self._auth.metrics.reloaded("quotas", ok=True)

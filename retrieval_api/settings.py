@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from ragcore.errors import ConfigError
 from ragcore.rerankers.http import HttpRerankerConfig
 from ragcore.rerankers.onnx_cross_encoder import OnnxRerankerConfig
 from ragcore.settings import ServiceSettings
+from retrieval_api.admission import AdmissionSettings
 from retrieval_api.config import RetrievalConfig
 
 #: The reranker stage's adapter, told apart by `kind` ("http" | "onnx").
@@ -33,7 +33,12 @@ class GrpcSettings(BaseModel):
         description="Server processes sharing the port (SO_REUSEPORT). Above 1, an embedded "
         "store is opened by a parent process and served to them; size it to the cores.",
     )
-    max_concurrent_rpcs: int = Field(default=64, ge=1)
+    max_concurrent_rpcs: int = Field(
+        default=1024,
+        ge=1,
+        description="Hard cap of calls the gRPC server holds at once, refused by gRPC before "
+        "the tenant is known; fair per-tenant admission (admission.*) works below it.",
+    )
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_client_ca_file: Path | None = Field(
@@ -43,39 +48,44 @@ class GrpcSettings(BaseModel):
 
 
 class AuthSettings(BaseModel):
-    """Who a caller is: an API token (hashed here) or an mTLS identity, mapped to a tenant."""
+    """Who a caller is: API tokens (hashed here) or an mTLS identity, mapped to a tenant
+    (retrieval_api/auth.py)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tokens: dict[str, str] = Field(
-        default_factory=dict, description="tenant -> sha256 hex of its API token."
+    tokens: Mapping[str, str | list[str | dict[str, str]]] = Field(
+        default_factory=dict,
+        description="tenant -> sha256 hex of its API token, or a list of them (each a hex "
+        'digest or {"sha256": hex, "expires_at": RFC 3339}) to rotate without a gap.',
     )
     tokens_file: Path | None = Field(
-        default=None, description="JSON file {tenant: sha256 hex} (merged with `tokens`)."
+        default=None,
+        description="JSON file of the same shape (merged over `tokens`); reloaded without a "
+        "restart when it changes (and on SIGHUP).",
     )
     mtls_tenants: dict[str, str] = Field(
         default_factory=dict, description="client certificate common name -> tenant."
     )
-
-    def token_hashes(self) -> dict[str, str]:
-        """sha256 hex -> tenant, from `tokens` and `tokens_file`."""
-        merged = dict(self.tokens)
-        if self.tokens_file is not None:
-            try:
-                loaded = json.loads(self.tokens_file.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                where = self.tokens_file
-                raise ConfigError(f"cannot read auth tokens file {where}: {exc}") from exc
-            if not isinstance(loaded, dict):
-                raise ConfigError(f"{self.tokens_file}: expected a JSON object tenant -> sha256")
-            merged.update({str(k): str(v) for k, v in loaded.items()})
-        out: dict[str, str] = {}
-        for tenant, raw in merged.items():
-            digest = raw.strip().lower()
-            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-                raise ConfigError(f"auth token of tenant {tenant!r} is not a sha256 hex digest")
-            out[digest] = tenant
-        return out
+    mtls_file: Path | None = Field(
+        default=None,
+        description="JSON file {common name: tenant} (merged over `mtls_tenants`); reloaded "
+        "like the tokens file.",
+    )
+    reload_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often the tokens, mTLS and quotas files are checked for changes.",
+    )
+    max_failures: int = Field(
+        default=10,
+        ge=1,
+        description="Failed authentications from one peer address within failure_window_s "
+        "that block it for block_s.",
+    )
+    failure_window_s: float = Field(default=60.0, gt=0)
+    block_s: float = Field(
+        default=30.0, gt=0, description="How long a blocked peer's calls are refused."
+    )
 
 
 class RetrieveSettings(ServiceSettings):
@@ -83,6 +93,7 @@ class RetrieveSettings(ServiceSettings):
 
     grpc: GrpcSettings = Field(default_factory=GrpcSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     reranker: RerankerSettings | None = Field(
         default=None, description="Used when retrieval.rerank_enabled is set (required then)."

@@ -16,7 +16,7 @@ from ragcore.errors import RagstreamError
 from ragstream.cli import print_json
 
 #: `ragstream bench TARGET [options]`: the module of each benchmark (its options: `--help`)
-BENCHMARKS = ("store", "embedder", "ingest", "retrieve", "reconcile", "cdc", "tenants")
+BENCHMARKS = ("store", "embedder", "ingest", "retrieve", "reconcile", "cdc", "tenants", "noisy")
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

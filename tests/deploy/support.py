@@ -91,6 +91,8 @@ def load_yaml_documents(text: str) -> list[dict[str, Any]]:
 def code_metric_families() -> dict[str, str]:
     """name -> type of every metric family the services register (from the code)."""
     from ragcore.embedders.cache import EmbeddingCacheMetrics
+    from retrieval_api.admission import AdmissionMetrics
+    from retrieval_api.auth import AuthMetrics
     from retrieval_api.metrics import RetrieveMetrics
     from retrieval_api.server import GrpcMetrics
     from streams.metrics import IngestMetrics
@@ -101,6 +103,8 @@ def code_metric_families() -> dict[str, str]:
     ReconcileMetrics(registry)
     EmbeddingCacheMetrics(registry)
     RetrieveMetrics(registry)
+    AdmissionMetrics(registry)
+    AuthMetrics(registry)
     GrpcMetrics(registry)
     return {family.name: family.type for family in registry.collect()}
 

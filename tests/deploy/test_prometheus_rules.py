@@ -33,6 +33,7 @@ EXPECTED_ALERTS = {
     "RagstreamRetrieveErrorRate",
     "RagstreamRetrieveLatencyHigh",
     "RagstreamRetrieveStaleExclusionSpike",
+    "RagstreamRetrieveConfigReloadFailing",
     "RagstreamReconcileDrift",
     "RagstreamTenantsDueForPromotion",
 }

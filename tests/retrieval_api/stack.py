@@ -34,6 +34,7 @@ from ragcore.store.edge import EdgeStore
 from ragcore.tracing import Tracing
 from ragcore.wiring import build_store, payload_schema
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value, topic_for
+from retrieval_api.admission import AdmissionSettings
 from retrieval_api.app import RetrieveApp, build_app
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.events import Op, RawRecord
@@ -79,6 +80,8 @@ class Stack:
         *,
         placement: Placement | None = None,
         tracing: Tracing | None = None,
+        auth: AuthSettings | None = None,
+        admission: AdmissionSettings | None = None,
         **retrieval: Any,
     ) -> None:
         """`placement`: None for an engine store (dedicated collections), else the tiered
@@ -114,9 +117,11 @@ class Stack:
         )
         settings = RetrieveSettings(
             grpc=GrpcSettings(port=0),
-            auth=AuthSettings(
+            auth=auth
+            or AuthSettings(
                 tokens={t: hashlib.sha256(v.encode()).hexdigest() for t, v in TOKENS.items()}
             ),
+            admission=admission or AdmissionSettings(),
             store=store_settings,
             sor=sor,
             plan=plan,

@@ -20,6 +20,11 @@ Phases:
     embedding, store write, Retrieve); the worker's own stage times (embed, write...) from its
     histograms.
 
+(c) bulk (`--bulk-rows N`, issue 29): the other tenant commits N rows in one transaction (a
+    bulk load), then the first tenant commits one change per `1 / bulk_probe_rate` s until the
+    bulk is indexed; each of its changes is measured commit -> searchable as in (b). Shows how
+    long one tenant's bulk holds another tenant's single change behind it.
+
 Run: `ragstream bench cdc` or `python -m ragdev.bench.cdc` (prints one JSON document).
 """
 
@@ -37,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -205,6 +210,72 @@ def _stage_means(
     return out
 
 
+def _bulk_phase(
+    dsn: str,
+    worker: IngestWorker,
+    committed: dict[str, float],
+    searchable: dict[str, float],
+    poll: Callable[[threading.Event], None],
+    *,
+    rows: int,
+    probe_rate: float,
+    rng: random.Random,
+) -> dict[str, Any]:
+    """(c): TENANTS[1] commits `rows` rows at once, TENANTS[0] probes with single changes
+    until they are all indexed; commit -> searchable of the probes."""
+    handled_before = _events_handled(worker)
+    done = threading.Event()
+    poller = threading.Thread(target=poll, args=(done,), daemon=True)
+    poller.start()
+    probes: list[str] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        began = time.time()
+        with (
+            conn.transaction(),
+            conn.cursor().copy("COPY entities (id, company_id, content) FROM STDIN") as copy,
+        ):
+            for n in range(rows):
+                copy.write_row((f"bulk-{n:07d}", TENANTS[1], _sentence(rng, n)))
+        bulk_committed = time.time()
+        deadline = time.monotonic() + 3600
+        n = 0
+        # every bulk row and every probe so far handled: the backlog is drained
+        while _events_handled(worker) < handled_before + rows + len(probes):
+            if time.monotonic() > deadline:
+                raise ConfigError("the bulk load was not indexed within an hour")
+            key = f"quiet-{n:05d}"
+            conn.execute(
+                "INSERT INTO entities (id, company_id, content) VALUES (%s, %s, %s)",
+                (key, TENANTS[0], f"Quiet change {n} carries token {key}. {_sentence(rng, n)}"),
+            )
+            committed[key] = time.time()
+            probes.append(key)
+            n += 1
+            time.sleep(1.0 / probe_rate)
+        drained = time.time()
+    done.set()
+    poller.join(600)
+    missing = [k for k in probes if k not in searchable]
+    if missing:
+        raise ConfigError(f"{len(missing)} quiet changes never became searchable")
+    latency = [searchable[k] - committed[k] for k in probes]
+    return {
+        "bulk_rows": rows,
+        "bulk_tenant": TENANTS[1],
+        "quiet_tenant": TENANTS[0],
+        "bulk_commit_s": round(bulk_committed - began, 2),
+        "bulk_commit_to_indexed_s": round(drained - bulk_committed, 2),
+        "bulk_rows_per_s": round(rows / max(drained - bulk_committed, 1e-6), 1),
+        "quiet_changes": len(probes),
+        "quiet_commit_to_searchable_s": _percentiles(latency),
+        "quiet_latency_by_commit_offset_s": [
+            [round(committed[k] - bulk_committed, 1), round(searchable[k] - committed[k], 2)]
+            for k in probes
+        ],
+        "topic_partitions": 1,
+    }
+
+
 def run(
     *,
     changes: int = 200,
@@ -212,8 +283,10 @@ def run(
     snapshot_rows: int = 10_000,
     poll_interval_ms: int | None = None,
     work_dir: Path | None = None,
+    bulk_rows: int = 0,
+    bulk_probe_rate: float = 1.0,
 ) -> dict[str, Any]:
-    """Both phases; the report as a JSON-ready dict."""
+    """The phases; the report as a JSON-ready dict."""
     if changes < 1 or snapshot_rows < 1 or rate <= 0:
         raise ConfigError("changes and snapshot_rows must be >= 1 and rate > 0")
     load_before = os.getloadavg()
@@ -322,7 +395,7 @@ def run(
         searchable: dict[str, float] = {}
         done = threading.Event()
 
-        def poll() -> None:
+        def poll(done: threading.Event = done) -> None:
             metadata = (("authorization", f"Bearer {TOKEN}"),)
             while not (done.is_set() and len(searchable) == len(committed)):
                 for key in [k for k in list(committed) if k not in searchable]:
@@ -360,6 +433,20 @@ def run(
         broker_s = [side.seen[k][0] - side.seen[k][1] for k in committed]
         ours = [searchable[k] - side.seen[k][0] for k in committed]
         worker_stages = _stage_means(worker, since=after_snapshot)
+        bulk = (
+            _bulk_phase(
+                pg.dsn,
+                worker,
+                committed,
+                searchable,
+                poll,
+                rows=bulk_rows,
+                probe_rate=bulk_probe_rate,
+                rng=rng,
+            )
+            if bulk_rows
+            else None
+        )
     p95 = _percentiles(latency)["p95"]
     return {
         "benchmark": "cdc",
@@ -386,6 +473,7 @@ def run(
                 "worker_stage_means": worker_stages,
             },
         },
+        **({"bulk": bulk} if bulk is not None else {}),
         "goals": {
             "freshness_p95_s": {
                 "goal": GOALS["freshness_p95_s"],
@@ -425,12 +513,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=5.0, help="changes per second")
     parser.add_argument("--snapshot-rows", type=int, default=10_000)
     parser.add_argument("--poll-interval-ms", type=int, default=None)
+    parser.add_argument("--bulk-rows", type=int, default=0, help="(c): the bulk load's rows")
+    parser.add_argument("--bulk-probe-rate", type=float, default=1.0)
     args = parser.parse_args(argv)
     report = run(
         changes=args.changes,
         rate=args.rate,
         snapshot_rows=args.snapshot_rows,
         poll_interval_ms=args.poll_interval_ms,
+        bulk_rows=args.bulk_rows,
+        bulk_probe_rate=args.bulk_probe_rate,
     )
     return emit(report)
 

@@ -8,6 +8,11 @@ on one port: the kernel spreads connections, not calls, over them.
 a JSON list of queries from FILE and prints one JSON document: per-call samples (latency,
 status, server stage timings, result and exclusion counts), the wall time, and this process's
 own CPU seconds (user + system).
+
+With `--flood` it is a noisy neighbour instead (`ragdev.bench.noisy`): the threads cycle
+through the queries back to back until stdin reaches EOF (the parent closes it), a refused call
+(RESOURCE_EXHAUSTED) waiting the server's retry hint first unless `--ignore-retry-hint`, and it
+prints counts by status and the latency of the answered calls.
 """
 
 from __future__ import annotations
@@ -92,6 +97,80 @@ def drive(target: str, token: str, queries: Sequence[str], concurrency: int) -> 
             channel.close()
 
 
+def _pushback_s(err: grpc.RpcError) -> float:
+    """The server's retry hint of a refused call (seconds; 0 without one)."""
+    if not isinstance(err, grpc.Call):
+        return 0.0
+    for key, value in err.trailing_metadata() or ():
+        if key == "grpc-retry-pushback-ms":
+            return int(value) / 1000
+    return 0.0
+
+
+def flood(
+    target: str,
+    token: str,
+    queries: Sequence[str],
+    concurrency: int,
+    stop: threading.Event,
+    *,
+    honor_retry_hint: bool = True,
+) -> dict[str, Any]:
+    """`concurrency` callers sending `queries` round and round until `stop` is set."""
+    lock = threading.Lock()
+    statuses: Counter[str] = Counter()
+    answered: list[float] = []
+    waited = [0.0]
+    metadata = (("authorization", f"Bearer {token}"),)
+
+    def caller(offset: int) -> None:
+        channel = grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+        stub = pb_grpc.RetrievalServiceStub(channel)
+        i = offset
+        try:
+            while not stop.is_set():
+                request = pb.RetrieveRequest(query_text=queries[i % len(queries)])
+                i += concurrency
+                began = time.perf_counter()
+                try:
+                    stub.Retrieve(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
+                except grpc.RpcError as err:
+                    code = err.code().name if isinstance(err, grpc.Call) else "UNKNOWN"
+                    pause = _pushback_s(err) if honor_retry_hint else 0.0
+                    with lock:
+                        statuses[f"GRPC_{code}"] += 1
+                        waited[0] += pause
+                    if pause:
+                        stop.wait(pause)
+                else:
+                    with lock:
+                        statuses["OK"] += 1
+                        answered.append(time.perf_counter() - began)
+        finally:
+            channel.close()
+
+    cpu = _cpu_s()
+    began = time.perf_counter()
+    threads = [threading.Thread(target=caller, args=(n,)) for n in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {
+        "statuses": dict(statuses),
+        "answered_latency_s": answered,
+        "retry_wait_s": waited[0],
+        "wall_s": time.perf_counter() - began,
+        "cpu_s": _cpu_s() - cpu,
+    }
+
+
+def _stop_on_eof(stop: threading.Event) -> None:
+    while sys.stdin.buffer.read(4096):
+        pass
+    stop.set()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: print the samples of one run as JSON."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
@@ -99,8 +178,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--token", required=True, help="bearer token of the benchmark tenant")
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("queries", type=Path, help="JSON list of query texts")
+    parser.add_argument("--flood", action="store_true", help="flood until stdin closes")
+    parser.add_argument("--ignore-retry-hint", action="store_true")
     args = parser.parse_args(argv)
     queries = json.loads(args.queries.read_text(encoding="utf-8"))
+    if args.flood:
+        stop = threading.Event()
+        threading.Thread(target=_stop_on_eof, args=(stop,), daemon=True).start()
+        report = flood(
+            args.target,
+            args.token,
+            queries,
+            args.concurrency,
+            stop,
+            honor_retry_hint=not args.ignore_retry_hint,
+        )
+        json.dump(report, sys.stdout)
+        return 0
     json.dump(drive(args.target, args.token, queries, args.concurrency), sys.stdout)
     return 0
 

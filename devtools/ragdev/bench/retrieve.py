@@ -80,6 +80,7 @@ from ragcore.wiring import payload_schema
 from ragdev.bench.ingest import prose_paragraphs
 from ragdev.bench.machine import emit, flat, int_list, machine_info, percentiles, run_dir
 from ragdev.bench.reconcile import paragraph_points
+from retrieval_api.admission import AdmissionSettings, QuotaBook, TenantQuota
 from retrieval_api.app import RetrieveApp, build_app
 from retrieval_api.processes import RetrieveProcesses
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
@@ -240,8 +241,9 @@ class _Built:
 class _Builder:
     """Generates entities (1-3 chunks each) and their points and SoR rows."""
 
-    def __init__(self, prose: _Prose, rng: np.random.Generator) -> None:
+    def __init__(self, prose: _Prose, rng: np.random.Generator, tenant: str = TENANT) -> None:
         self.prose = prose
+        self.tenant = tenant
         self.rng = rng
         self.sparse = Bm25Encoder()
         self.clock = datetime(2026, 1, 1, tzinfo=UTC)
@@ -311,7 +313,7 @@ class _Builder:
         self.chunks += len(chunks)
         row = (
             key,
-            TENANT,
+            self.tenant,
             entity_type,
             title,
             content,
@@ -732,6 +734,9 @@ def run(
         settings = RetrieveSettings(
             grpc=GrpcSettings(port=0),
             auth=AuthSettings(tokens={TENANT: hashlib.sha256(TOKEN.encode()).hexdigest()}),
+            # one tenant, up to 8 connections per process at the warm-up: no per-tenant limit
+            # (admission still runs; `ragstream bench noisy` measures its limits)
+            admission=AdmissionSettings(quotas=QuotaBook(default=TenantQuota(concurrency=None))),
             store=StoreSettings(data_dir=root / "store"),
             sor=SorSettings(kind="sqlite", sqlite_path=root / "sor.sqlite"),
             plan=plan,
