@@ -30,6 +30,19 @@ _STAGE_BUCKETS = (
     30,
     60,
 )
+#: DLQ error codes exported at 0 from the start: `increase()` sees no increase in the first
+#: samples of a new series, so without them the first burst of a code would not fire
+#: RagstreamIngestDLQSpike. Codes outside this list (policy rejections) start at first use.
+DLQ_CODES = (
+    "DECODE_ERROR",
+    "LOGICAL_TYPE_ERROR",
+    "UNSUPPORTED_OP",
+    "MAPPING_ERROR",
+    "INVALID_TENANT",
+    "RECORD_TOO_LARGE",
+    "CHUNKING_ERROR",
+    "BAD_REINDEX_REQUEST",
+)
 _FRESHNESS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120, 300, 900, 3600)
 
 
@@ -51,6 +64,8 @@ class IngestMetrics:
             ["code"],
             registry=registry,
         )
+        for code in DLQ_CODES:
+            self.dlq.labels(code)
         self.skipped_older = Counter(
             "ragstream_ingest_skipped_older_total",
             "Change events older than the indexed version of their entity (not applied).",

@@ -67,3 +67,13 @@ def test_revoked_partitions_leave_the_exposition() -> None:
     assert exported == {"0", "1"}
     backlog.set_lag({("t", 0): 1})  # a new assignment replaces the set
     assert registry.get_sample_value(LAG, _labels(1)) is None
+
+
+def test_known_dlq_codes_are_exported_at_zero_before_the_first_dead_letter() -> None:
+    # increase() sees nothing in a series' first samples: a first burst must start from 0
+    from streams.metrics import DLQ_CODES, IngestMetrics
+
+    registry = CollectorRegistry()
+    IngestMetrics(registry)
+    for code in DLQ_CODES:
+        assert registry.get_sample_value("ragstream_ingest_dlq_records_total", {"code": code}) == 0

@@ -1,0 +1,219 @@
+"""A real Prometheus for the tests: Debian's `prometheus` binary as a child process on
+loopback, scraping the services' `/metrics` every second and evaluating a copy of the shipped
+alert rules, generated from deploy/prometheus/alerts.yml with shorter `for:` durations and
+range windows (thresholds, matchers and aggregations stay as shipped), so an alert fires and
+resolves within seconds of a real fault.
+
+Also: the dashboard's PromQL with Grafana's variables substituted, for the panel coverage test.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ragdev.services.tansu import free_port
+from tests.deploy.support import ALERTS_FILE, DASHBOARD_FILE
+
+#: `for:` of every rule in the generated copy (the shipped ones run from 2 minutes to an hour).
+SHORT_FOR = "2s"
+#: Range windows of the generated copy (shipped: 5m and 10m): ten one-second scrapes.
+SHORT_WINDOW = "10s"
+#: What Grafana's `$__rate_interval` becomes at a 1 s scrape interval (4 x scrape interval,
+#: at least the window the rules use).
+RATE_INTERVAL = SHORT_WINDOW
+
+_FOR = re.compile(r"^(\s+for:\s*)\S+\s*$", re.MULTILINE)
+_WINDOW = re.compile(r"\[(\d+[smh])\]")
+
+
+def shortened_rules(text: str) -> str:
+    """The shipped rules with every `for:` set to SHORT_FOR and every range window to
+    SHORT_WINDOW; nothing else changes."""
+    text = _FOR.sub(lambda m: f"{m.group(1)}{SHORT_FOR}", text)
+    return _WINDOW.sub(f"[{SHORT_WINDOW}]", text)
+
+
+def alert_names(path: Path = ALERTS_FILE) -> list[str]:
+    """Every alert of a rules file, in file order."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return [r["alert"] for g in data["groups"] for r in g["rules"] if "alert" in r]
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One dashboard panel and the PromQL of its targets, Grafana variables substituted."""
+
+    title: str
+    exprs: tuple[str, ...]
+
+
+def dashboard_panels(path: Path = DASHBOARD_FILE) -> list[Panel]:
+    """Every non-row panel of the dashboard (nested ones too), with the variables `$ingest_job`
+    and `$retrieve_job` as `.*` (Grafana's All) and `$__rate_interval` as RATE_INTERVAL."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    variables = {
+        v["name"]: v.get("allValue", ".*")
+        for v in data["templating"]["list"]
+        if v["type"] == "query"
+    }
+
+    def substitute(expr: str) -> str:
+        expr = expr.replace("$__rate_interval", RATE_INTERVAL)
+        for name, value in variables.items():
+            expr = expr.replace("${" + name + "}", value).replace("$" + name, value)
+        assert "$" not in expr, f"unsubstituted variable in {expr}"
+        return expr
+
+    def walk(panels: Sequence[Mapping[str, Any]]) -> Iterator[Panel]:
+        for panel in panels:
+            if panel["type"] != "row":
+                exprs = tuple(substitute(t["expr"]) for t in panel.get("targets", []))
+                yield Panel(panel["title"], exprs)
+            yield from walk(panel.get("panels", []))
+
+    return list(walk(data["panels"]))
+
+
+class PrometheusError(AssertionError):
+    """Prometheus did not start, or an API call failed."""
+
+
+class LivePrometheus:
+    """`prometheus` on 127.0.0.1 with a 1 s scrape and evaluation interval."""
+
+    def __init__(self, binary: Path, work_dir: Path, targets: Mapping[str, Sequence[str]]) -> None:
+        """`targets`: job name -> `host:port` of each `/metrics` endpoint."""
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._work = work_dir
+        rules = work_dir / "alerts.yml"
+        rules.write_text(shortened_rules(ALERTS_FILE.read_text(encoding="utf-8")))
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(rules)],
+            "scrape_configs": [
+                {
+                    "job_name": job,
+                    "scrape_interval": "1s",
+                    "scrape_timeout": "900ms",
+                    "static_configs": [{"targets": list(hosts)}],
+                }
+                for job, hosts in targets.items()
+            ],
+        }
+        (work_dir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self._log = (work_dir / "prometheus.log").open("wb")
+        self._proc = subprocess.Popen(
+            [
+                str(binary),
+                f"--config.file={work_dir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={work_dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self.started = time.time()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until `/-/ready` answers 200 (or the process died)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise PrometheusError(f"prometheus exited:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass  # not listening yet
+            time.sleep(0.2)
+        raise PrometheusError(f"prometheus not ready after {timeout}s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 3000) -> str:
+        """The end of Prometheus's own log."""
+        self._log.flush()
+        return (self._work / "prometheus.log").read_text(errors="replace")[-chars:]
+
+    def api(self, path: str, **params: str) -> Any:
+        """GET /api/v1/<path>; the `data` of a successful answer."""
+        query = urllib.parse.urlencode(params)
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=10) as resp:
+            body = json.loads(resp.read())
+        if body.get("status") != "success":
+            raise PrometheusError(f"{path} {params}: {body}")
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query's result vector."""
+        result: list[dict[str, Any]] = self.api("query", query=expr)["result"]
+        return result
+
+    def query_range(self, expr: str, start: float, end: float) -> list[dict[str, Any]]:
+        """A range query at a 1 s step (a matrix)."""
+        data = self.api("query_range", query=expr, start=str(start), end=str(end), step="1")
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Active alerts (pending and firing)."""
+        alerts: list[dict[str, Any]] = self.api("alerts")["alerts"]
+        return alerts
+
+    def rule_health(self) -> dict[str, str]:
+        """alert name -> `health` of its rule (ok, err, unknown)."""
+        groups = self.api("rules", type="alert")["groups"]
+        return {r["name"]: r["health"] for g in groups for r in g["rules"]}
+
+    def active(self, alert: str, labels: Mapping[str, str] | None = None) -> list[str]:
+        """States of the active instances of `alert` whose labels include `labels`."""
+        return [
+            a["state"]
+            for a in self.alerts()
+            if a["labels"].get("alertname") == alert
+            and (labels or {}).items() <= a["labels"].items()
+        ]
+
+    def wait_firing(
+        self, alert: str, labels: Mapping[str, str] | None = None, timeout: float = 90.0
+    ) -> float:
+        """Seconds until `alert` fires (AssertionError with the active alerts after timeout)."""
+        return self._wait(lambda: "firing" in self.active(alert, labels), timeout, alert, "fire")
+
+    def wait_resolved(
+        self, alert: str, labels: Mapping[str, str] | None = None, timeout: float = 90.0
+    ) -> float:
+        """Seconds until no instance of `alert` (matching `labels`) is pending or firing."""
+        return self._wait(lambda: not self.active(alert, labels), timeout, alert, "resolve")
+
+    def _wait(self, done: Any, timeout: float, alert: str, what: str) -> float:
+        began = time.monotonic()
+        while not done():
+            if time.monotonic() - began > timeout:
+                raise AssertionError(
+                    f"{alert} did not {what} within {timeout}s; active: {self.alerts()}"
+                )
+            time.sleep(0.5)
+        return time.monotonic() - began
+
+    def stop(self) -> None:
+        """Terminate the process (kill after 10 s) and close its log."""
+        self._proc.terminate()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(10)
+        self._log.close()

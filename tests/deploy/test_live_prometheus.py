@@ -1,0 +1,333 @@
+"""The shipped alert rules and dashboard in a real Prometheus, against the running real-CDC
+stack (tests/deploy/live_stack.py): every alert fires on a real fault and resolves after
+recovery; a healthy run and a burst of bad client requests fire nothing; every dashboard panel
+returns data after the workload.
+
+One stack and one Prometheus serve the whole module; tests run in file order (the healthy
+checks first, the panel coverage last, after every scenario made its metrics move). The rules
+Prometheus evaluates are generated from deploy/prometheus/alerts.yml with `for:` and range
+windows shortened (tests/deploy/prometheus_live.py); thresholds stay as shipped.
+
+Adding an alert? Add its fault scenario to SCENARIOS: `test_every_alert_has_a_fault_scenario`
+fails until you do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ragcore.errors import EmbeddingUnavailableError
+from ragdev.services.postgres import PostgresCluster
+from ragdev.services.tansu import TansuBroker
+from tests.deploy.live_stack import (
+    ACME_ROWS,
+    PROMOTE_ABOVE,
+    LiveStack,
+    Load,
+    ask,
+    produce_poison,
+    row_text,
+    start_live_stack,
+)
+from tests.deploy.prometheus_live import (
+    LivePrometheus,
+    alert_names,
+    dashboard_panels,
+)
+from tests.deploy.support import ALERTS_FILE, CHART_ALERTS_FILE, require_tool
+
+#: What one scenario does to the stack: `inject` breaks something and returns `recover`.
+Inject = Callable[[LiveStack], Callable[[], None]]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A real fault that must fire `alert` (on the series matching `labels`), and its fix."""
+
+    fault: str
+    inject: Inject
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+# --- the faults -----------------------------------------------------------------------------------
+
+
+def store_down_for_a_new_worker(stack: LiveStack) -> Callable[[], None]:
+    """A worker (re)started while its vector store is unreachable: it owns partitions, has a
+    backlog, pauses for backpressure and never commits."""
+    return stack.start_stalled_worker(store_down=True)
+
+
+def embedder_down(stack: LiveStack) -> Callable[[], None]:
+    """The embedding service is unreachable while rows change: the worker pauses, the oldest
+    change waits (backlog age), nothing becomes searchable."""
+    stack.embedder.fail_with = EmbeddingUnavailableError("embedder unreachable (live fault)")
+    stack.put_rows("globex", [f"fresh-{n}" for n in range(5)], lambda n: f"Fresh change {n}.")
+
+    def recover() -> None:
+        stack.embedder.fail_with = None
+        stack.caught_up()
+
+    return recover
+
+
+def poison_records(stack: LiveStack) -> Callable[[], None]:
+    """A producer writes records no decoder accepts to the change topic."""
+    produce_poison(stack.broker.bootstrap_servers, stack.topic, 15)
+    return stack.caught_up
+
+
+def workers_down(stack: LiveStack) -> Callable[[], None]:
+    """Every worker stopped (crashed or scaled to zero) while rows keep changing."""
+    stack.stop_worker()
+    stack.put_rows("globex", [f"idle-{n}" for n in range(3)], lambda n: f"While down {n}.")
+
+    def recover() -> None:
+        stack.start_worker()
+        stack.caught_up()
+
+    return recover
+
+
+def sor_down_for_retrieve(stack: LiveStack) -> Callable[[], None]:
+    """PostgreSQL unreachable from Retrieve (every hit must be verified against it)."""
+    stack.sor_proxy.cut()
+    return stack.sor_proxy.restore
+
+
+def sor_slow_for_retrieve(stack: LiveStack) -> Callable[[], None]:
+    """PostgreSQL answers Retrieve's verification queries 0.6 s late."""
+    stack.sor_proxy.delay_s = 0.6
+
+    def recover() -> None:
+        stack.sor_proxy.delay_s = 0.0
+
+    return recover
+
+
+def debezium_stopped(stack: LiveStack) -> Callable[[], None]:
+    """Debezium stopped while the SoR changes: the index keeps the old content, Retrieve's
+    SoR check excludes those hits as stale."""
+    stack.dbz.stop(drop_slot=False)  # a clean stop: the slot keeps the WAL
+    keys = [f"acme-{n:03d}" for n in range(ACME_ROWS)]  # every acme hit is then stale
+    stack.put_rows("acme", keys, lambda n: f"{row_text(n)} Revised while capture was down.")
+
+    def recover() -> None:
+        stack.dbz.start()
+        stack.caught_up()  # the alert resolves once the revised rows are indexed
+
+    return recover
+
+
+def drift_injected(stack: LiveStack) -> Callable[[], None]:
+    """120 of acme's entities vanish from the index (a restore from an old backup); the
+    reconcile run finds them (and repairs them); the next run finds none."""
+    registry = stack.worker.registry
+    version = registry.active_version("acme")
+    assert version is not None
+    name = registry.manifest("acme", version).index_name
+    for n in range(120):
+        stack.store.delete_by_entity(name, "acme", f"entities:acme-{n:03d}")
+    reports = stack.worker.reconcile_once()
+    assert any(len(r.missing) >= 120 for r in reports), [r.to_dict() for r in reports]
+
+    def recover() -> None:
+        stack.worker.reconcile_once()
+
+    return recover
+
+
+def tenant_outgrows_the_shared_pool(stack: LiveStack) -> Callable[[], None]:
+    """acme grows above the promotion threshold; the reconcile run counts it."""
+    keys = [f"grow-{n:03d}" for n in range(PROMOTE_ABOVE - ACME_ROWS + 20)]
+    stack.put_rows("acme", keys, lambda n: f"Growth row {n}.")
+    stack.wait_indexed("acme", keys[-1])
+    stack.worker.reconcile_once()
+
+    def recover() -> None:
+        stack.delete_rows(keys)
+        stack.wait_indexed("acme", keys[-1], present=False)
+        stack.worker.reconcile_once()
+
+    return recover
+
+
+INGEST = {"job": "ragstream-ingest"}
+RETRIEVE = {"job": "ragstream-retrieve"}
+
+SCENARIOS: dict[str, Scenario] = {
+    "RagstreamIngestStalled": Scenario("store down", store_down_for_a_new_worker, INGEST),
+    "RagstreamIngestNoActiveConsumer": Scenario("workers down", workers_down),
+    "RagstreamIngestDLQSpike": Scenario("poison records", poison_records, INGEST),
+    "RagstreamFreshnessSLOBreach": Scenario("embedder down", embedder_down, INGEST),
+    "RagstreamRetrieveErrorRate": Scenario("SoR down", sor_down_for_retrieve, RETRIEVE),
+    "RagstreamRetrieveLatencyHigh": Scenario("SoR slow", sor_slow_for_retrieve, RETRIEVE),
+    "RagstreamRetrieveStaleExclusionSpike": Scenario(
+        "Debezium stopped", debezium_stopped, RETRIEVE
+    ),
+    "RagstreamReconcileDrift": Scenario("drift injected", drift_injected, INGEST),
+    "RagstreamTenantsDueForPromotion": Scenario(
+        "tenant due for promotion", tenant_outgrows_the_shared_pool, INGEST
+    ),
+}
+
+
+# --- the coverage rule ----------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("rules", [ALERTS_FILE, CHART_ALERTS_FILE], ids=["deploy", "helm"])
+def test_every_alert_has_a_fault_scenario(rules: Path) -> None:
+    names = alert_names(rules)
+    assert names
+    missing = [n for n in names if n not in SCENARIOS]
+    assert not missing, f"add a fault scenario to SCENARIOS for {missing}"
+    assert set(SCENARIOS) <= set(names), "a scenario names an alert the rules do not have"
+
+
+# --- the live module ------------------------------------------------------------------------------
+
+
+@dataclass
+class Live:
+    stack: LiveStack
+    prometheus: LivePrometheus
+    started: float
+
+
+@pytest.fixture(scope="module")
+def live(
+    postgres: PostgresCluster, kafka_broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Live]:
+    binary = require_tool("prometheus")
+    work = tmp_path_factory.mktemp("live")
+    for stack in start_live_stack(postgres, kafka_broker, work):
+        prometheus = LivePrometheus(
+            binary,
+            tmp_path_factory.mktemp("prometheus"),
+            {
+                "ragstream-ingest": [stack.ingest_metrics.target, stack.stall_metrics.target],
+                "ragstream-retrieve": [stack.retrieve_metrics.target],
+                "kafka-exporter": [stack.lag_metrics.target],
+            },
+        )
+        try:
+            prometheus.wait_ready()
+            stack.caught_up(timeout=120)
+            stack.worker.reconcile_once()  # the drift and placement gauges start at a real run
+            time.sleep(10)  # the start-up snapshot's freshness leaves the rules' 10 s windows
+            stack.load = Load(stack.client)
+            yield Live(stack, prometheus, time.time())
+        finally:
+            prometheus.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_prometheus_loads_the_generated_rules_and_scrapes_every_target(live: Live) -> None:
+    prom = live.prometheus
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        up = {r["metric"]["instance"]: r["value"][1] for r in prom.query("up")}
+        if all(up.get(t) == "1" for t in _always_up(live.stack)):
+            break
+        time.sleep(0.5)
+    assert all(up.get(t) == "1" for t in _always_up(live.stack)), up
+    health = prom.rule_health()
+    assert set(health) == set(alert_names()), health
+    time.sleep(3)
+    health = prom.rule_health()
+    assert set(health.values()) == {"ok"}, health
+
+
+def _always_up(stack: LiveStack) -> list[str]:
+    return [s.target for s in (stack.ingest_metrics, stack.retrieve_metrics, stack.lag_metrics)]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_healthy_run_fires_nothing(live: Live) -> None:
+    stack = live.stack
+    stack.put_rows("globex", [f"globex-{n:03d}" for n in range(5)], lambda n: f"Updated {n}.")
+    stack.delete_rows(["globex-019"])
+    deadline = time.monotonic() + 25
+    seen: list[dict[str, object]] = []
+    while time.monotonic() < deadline:
+        seen += live.prometheus.alerts()
+        time.sleep(1)
+    assert not seen, seen
+    assert stack.load is not None and stack.load.ok > 50 and not stack.load.failed
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_burst_of_bad_client_requests_fires_nothing(live: Live) -> None:
+    client = live.stack.client
+    codes: dict[str, int] = {}
+    began = time.monotonic()
+    calls: list[Callable[[], object]] = [
+        lambda: ask(client, "acme", ""),  # INVALID_ARGUMENT
+        lambda: ask(client, "acme", "x", token="wrong"),  # UNAUTHENTICATED
+        lambda: ask(client, "globex", "refunds", token="acme-live-token"),  # PERMISSION_DENIED
+        lambda: ask(client, "acme", "x" * 5000),  # INVALID_ARGUMENT (too long)
+    ]
+    while time.monotonic() - began < 15:
+        for call in calls:
+            try:
+                call()
+                codes["OK"] = codes.get("OK", 0) + 1
+            except grpc.RpcError as exc:
+                codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
+    assert {"INVALID_ARGUMENT", "UNAUTHENTICATED", "PERMISSION_DENIED"} <= set(codes), codes
+    assert sum(codes.values()) > 100
+    seen = []
+    for _ in range(10):
+        seen += live.prometheus.alerts()
+        time.sleep(1)
+    assert not seen, seen
+    # the client errors are on record, labelled as such
+    failed = live.prometheus.query(
+        'sum by (code) (ragstream_retrieve_requests_total{status="FAILED"})'
+    )
+    assert {r["metric"]["code"] for r in failed} >= {"InvalidArgument", "PermissionDenied"}
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("alert", list(SCENARIOS))
+def test_fault_fires_the_alert_and_recovery_resolves_it(live: Live, alert: str) -> None:
+    scenario = SCENARIOS[alert]
+    prom = live.prometheus
+    prom.wait_resolved(alert, timeout=60)  # a previous scenario's tail has passed
+    recover = scenario.inject(live.stack)
+    try:
+        fired = prom.wait_firing(alert, scenario.labels, timeout=90)
+    finally:
+        recover()
+    resolved = prom.wait_resolved(alert, timeout=90)
+    for cleanup in live.stack.cleanups:
+        cleanup()
+    live.stack.cleanups.clear()
+    print(f"{alert} ({scenario.fault}): fired in {fired:.1f}s, resolved in {resolved:.1f}s")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_every_dashboard_panel_returns_data_after_the_workload(live: Live) -> None:
+    prom = live.prometheus
+    empty = []
+    panels = dashboard_panels()
+    assert len(panels) >= 30
+    for panel in panels:
+        for expr in panel.exprs:
+            series = prom.query_range(expr, live.started, time.time())
+            values = [v for s in series for _, v in s["values"] if v not in ("NaN", "+Inf", "-Inf")]
+            if not values:
+                empty.append((panel.title, expr))
+    assert not empty, empty
