@@ -136,8 +136,14 @@ def _cmd_sor(args: argparse.Namespace) -> int:
         if args.action == "put":
             if args.text is None and args.file is None:
                 raise RagstreamError("give the content with --text or --file")
-            text = args.text if args.text is not None else args.file.read_text()
             values = dict(_assignment(a) for a in args.set)
+            text: str | bytes
+            if mapping.document is not None and args.file is not None:
+                text = args.file.read_bytes()  # a PDF, DOCX, XLSX or CSV file
+                if mapping.document.name_column is not None:
+                    values.setdefault(mapping.document.name_column, args.file.name)
+            else:
+                text = args.text if args.text is not None else args.file.read_text()
             row = row_for_put(
                 mapping,
                 key=args.id,
@@ -257,7 +263,12 @@ def register(sub: Any) -> None:
     p.add_argument("--type", default=None, help="entity type (tables with a type column)")
     p.add_argument("--format", choices=["text", "markdown", "html"], default=None)
     p.add_argument("--text", default=None, help="content (the table's last content column)")
-    p.add_argument("--file", type=Path, default=None, help="content from a file")
+    p.add_argument(
+        "--file",
+        type=Path,
+        default=None,
+        help="content from a file (a document table: the PDF, DOCX, XLSX or CSV itself)",
+    )
     p.add_argument(
         "--set", action="append", default=[], metavar="COLUMN=VALUE", help="set any column"
     )

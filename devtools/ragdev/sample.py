@@ -87,7 +87,8 @@ APPLICATIONS = [
 
 
 def golden_documents() -> list[dict[str, Any]]:
-    """The golden set's entities as SoR rows."""
+    """The golden set's text entities as rows of `entities` (its documents, such as the GX-950
+    datasheet PDF, are files of the `documents` table: `ragdev.sample_documents`)."""
     path = package_dir("ragdev") / "eval" / "data" / "golden.json"
     data = json.loads(path.read_text())
     return [
@@ -100,6 +101,7 @@ def golden_documents() -> list[dict[str, Any]]:
             "metadata": {**e.get("metadata", {}), "format": e.get("format", "text")},
         }
         for e in data["entities"]
+        if e.get("format", "text") in ("text", "markdown", "html")
     ]
 
 

@@ -27,13 +27,15 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry
 
+from ragcore.documents import DocumentSource, decode_document
 from ragcore.embedders import build_embedder
 from ragcore.embedders.base import Embedder
 from ragcore.embedders.cache import EmbeddingCacheConfig
 from ragcore.embedders.local_onnx import LocalEmbedderConfig
 from ragcore.kafka_config import KafkaSettings
 from ragcore.mapping import TableMapping
-from ragcore.quality.dataset import EvalSet
+from ragcore.plan import PlanConfig
+from ragcore.quality.dataset import EvalEntity, EvalSet
 from ragcore.quality.metrics import EvalResult, QueryRun, Status, evaluate
 from ragcore.quality.significance import compare
 from ragcore.resources import package_dir
@@ -134,34 +136,78 @@ class ConfigResult:
 
 #: The eval set's entities are rows of the default `entities` table.
 EVAL_TABLE = TableMapping()
+#: Entities whose format is a document (PDF, DOCX, ...): their content is the file, base64.
+EVAL_DOCUMENTS = TableMapping(
+    table="public.documents",
+    key_columns=("id",),
+    tenant_column="company_id",
+    type_column="entity_type",
+    title_column="name",
+    metadata_column=None,
+    content_hash_column=None,
+    document=DocumentSource(column="body", format_column="format", name_column="file_name"),
+)
+EVAL_PLAN = PlanConfig(tables=(EVAL_TABLE, EVAL_DOCUMENTS))
+_DOCUMENTS_DDL = """
+CREATE TABLE IF NOT EXISTS documents (
+    id TEXT PRIMARY KEY, company_id TEXT NOT NULL, entity_type TEXT NOT NULL, name TEXT,
+    file_name TEXT, format TEXT NOT NULL, body BLOB NOT NULL, created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL, deleted_at TEXT
+);
+"""
+_TIME = "2026-01-01T00:00:00Z"
 
 
 def _eval_id(indexed: str) -> str:
     """An entity or chunk id as the eval set names it: without the table part of the index's
-    ids (`entities:<id>`)."""
-    return indexed.removeprefix(f"{EVAL_TABLE.label}:")
+    ids (`entities:<id>`, `documents:<id>`)."""
+    for table in (EVAL_TABLE, EVAL_DOCUMENTS):
+        if indexed.startswith(f"{table.label}:"):
+            return indexed.removeprefix(f"{table.label}:")
+    return indexed
+
+
+def _row(e: EvalEntity) -> tuple[TableMapping, dict[str, Any]]:
+    """The entity's table and SoR row: a document's file in `documents`, text in `entities`."""
+    if e.format.is_document:
+        return EVAL_DOCUMENTS, {
+            "id": e.entity_id,
+            "company_id": e.tenant,
+            "entity_type": e.entity_type,
+            "name": e.title,
+            "file_name": str(e.metadata.get("file_name") or f"{e.entity_id}.{e.format.value}"),
+            "format": e.format.value,
+            "body": decode_document(e.content),
+            "created_at": _TIME,
+            "updated_at": _TIME,
+            "deleted_at": None,
+        }
+    return EVAL_TABLE, {
+        "id": e.entity_id,
+        "company_id": e.tenant,
+        "entity_type": e.entity_type,
+        "name": e.title,
+        "content": e.content,
+        "metadata": {**e.metadata, "format": e.format.value},
+        "content_hash": None,
+        "created_at": _TIME,
+        "updated_at": _TIME,
+        "deleted_at": None,
+    }
 
 
 def _sqlite_sor(path: Path, evalset: EvalSet) -> None:
     ddl = (package_dir("schemas") / "sql" / "entities.sqlite.sql").read_text()
     conn = sqlite3.connect(path)
     with conn:
-        conn.executescript(ddl)
+        conn.executescript(ddl + _DOCUMENTS_DDL)
         for e in evalset.entities:
-            meta = {**e.metadata, "format": e.format.value}
+            table, row = _row(e)
+            values = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in row.items()}
             conn.execute(
-                "INSERT INTO entities (id, company_id, entity_type, name, content, metadata,"
-                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    e.entity_id,
-                    e.tenant,
-                    e.entity_type,
-                    e.title,
-                    e.content,
-                    json.dumps(meta),
-                    "2026-01-01T00:00:00Z",
-                    "2026-01-01T00:00:00Z",
-                ),
+                f"INSERT INTO {table.table_name} ({', '.join(values)})"
+                f" VALUES ({', '.join('?' * len(values))})",
+                list(values.values()),
             )
     conn.close()
 
@@ -170,22 +216,13 @@ def _records(evalset: EvalSet) -> list[RawRecord]:
     """Snapshot `r` events of every entity, as Debezium would publish them."""
     out = []
     for n, e in enumerate(evalset.entities):
-        row = {
-            "id": e.entity_id,
-            "company_id": e.tenant,
-            "entity_type": e.entity_type,
-            "name": e.title,
-            "content": e.content,
-            "metadata": {**e.metadata, "format": e.format.value},
-            "content_hash": None,
-            "created_at": "2026-01-01T00:00:00Z",
-            "updated_at": "2026-01-01T00:00:00Z",
-            "deleted_at": None,
-        }
-        value = change_event(Op.READ, before=None, after=row, lsn=100 + n, snapshot="true")
+        table, row = _row(e)
+        value = change_event(
+            Op.READ, before=None, after=row, table=table.table_name, lsn=100 + n, snapshot="true"
+        )
         out.append(
             RawRecord(
-                topic="sor.public.entities",
+                topic=table.topic_name(EVAL_PLAN.topic_prefix),
                 partition=0,
                 offset=n,
                 key=encode_key({"id": e.entity_id}),
@@ -252,6 +289,7 @@ def run_eval(
                     kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),  # never contacted
                     store=store_settings,
                     sor=sor,
+                    plan=EVAL_PLAN,
                     embedding_cache=None,
                 ),
                 CollectorRegistry(),
@@ -304,6 +342,7 @@ def run_eval(
                     auth=AuthSettings(tokens=hashed),
                     store=store_settings,
                     sor=sor,
+                    plan=EVAL_PLAN,
                     publish_enabled=False,
                     retrieval=retrieval,
                 )

@@ -34,13 +34,14 @@ def row_for_put(
     *,
     key: str,
     tenant: str | None,
-    text: str,
+    text: str | bytes,
     title: str | None = None,
     entity_type: str | None = None,
     content_format: str | None = None,
     values: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The column values a put writes (the writer fills timestamps and keeps other columns)."""
+    """The column values a put writes (the writer fills timestamps and keeps other columns).
+    A table with a document column takes the file's bytes as `text`."""
     row: dict[str, Any] = dict(zip(mapping.key_columns, key_values(mapping, key), strict=True))
     if mapping.tenant_column is not None:
         if not tenant:
@@ -50,7 +51,14 @@ def row_for_put(
         raise ConfigError(f"{mapping.table} belongs to tenant {mapping.tenant!r} only")
     if mapping.title_column is not None:
         row[mapping.title_column] = title or key
-    row[mapping.content_columns[-1]] = text
+    if mapping.document is not None:
+        if not isinstance(text, bytes):
+            raise ConfigError(f"{mapping.table} holds files: give the file (--file)")
+        row[mapping.document.column] = text
+    elif isinstance(text, bytes):
+        raise ConfigError(f"{mapping.table} holds text, not a file's bytes")
+    else:
+        row[mapping.content_columns[-1]] = text
     if entity_type is not None and mapping.type_column is not None:
         row[mapping.type_column] = entity_type
     if (
