@@ -23,6 +23,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -443,16 +444,33 @@ def _other_labels(labels: Mapping[str, str], tenant_key: str) -> str:
 # --- Prometheus ------------------------------------------------------------------------------
 
 
-def _query(base: str, promql: str, timeout_s: float = 10.0) -> list[dict[str, object]]:
-    url = f"{base.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+def _api(base: str, path: str, params: Mapping[str, str], timeout_s: float = 10.0) -> Any:
+    """The `data` of one Prometheus HTTP API answer."""
+    url = f"{base.rstrip('/')}/api/v1/{path}?{urllib.parse.urlencode(params)}"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             doc = json.loads(response.read().decode("utf-8"))
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise StatusError(f"cannot query {base}: {exc}") from exc
     if doc.get("status") != "success":
-        raise StatusError(f"Prometheus refused {promql!r}: {doc.get('error')}")
-    result: list[dict[str, object]] = doc["data"]["result"]
+        raise StatusError(f"Prometheus refused {path} {dict(params)}: {doc.get('error')}")
+    return doc["data"]
+
+
+def _declared(base: str) -> set[str]:
+    """The metric names the scraped targets declare (HELP/TYPE metadata), with or without
+    series: a labelled counter has none until its first increment."""
+    names: set[str] = set()
+    metadata: dict[str, list[dict[str, str]]] = _api(base, "metadata", {})
+    for name, kinds in metadata.items():
+        names.add(name)
+        for kind in kinds:
+            names.update(name + x for x in _SUFFIXES.get(kind.get("type", ""), ()))
+    return names
+
+
+def _query(base: str, promql: str) -> list[dict[str, object]]:
+    result: list[dict[str, object]] = _api(base, "query", {"query": promql})["result"]
     return result
 
 
@@ -470,7 +488,7 @@ def from_prometheus(base: str, slos: Slos, selector: str = "") -> Report:
     names = {
         str(r["metric"]["__name__"])  # type: ignore[index]
         for r in _query(base, f"count by (__name__) ({{{matchers}}})")
-    }
+    } | _declared(base)
 
     def m(name: str, extra: str = "") -> str:
         inner = ",".join(x for x in (sel, extra) if x)

@@ -4,10 +4,16 @@ registries) and from a running `ragstream dev` stack's /metrics."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ragdev.services.tansu import free_port
 from ragstream.status import NOT_EXPORTED, Slos, _bucket_quantile, _View, parse, standing_out
 from tests.ragstream.conftest import RunningDev
 
@@ -119,3 +125,78 @@ def test_slo_defaults_are_the_alert_thresholds() -> None:
     slos = Slos()
     assert (slos.freshness_p95_s, slos.retrieve_p95_s, slos.error_rate) == (2.0, 0.5, 0.05)
     assert slos.drift_entities == 100
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_status_reads_a_prometheus_that_scrapes_the_stack(
+    running_dev: RunningDev, tmp_path: Path
+) -> None:
+    binary = shutil.which("prometheus")
+    assert binary is not None, "Debian's prometheus package (.ci/run installs it)"
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        "  - job_name: ragstream\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{running_dev.dev.metrics}']}}]\n"
+    )
+    log = (tmp_path / "prometheus.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        # queries while Prometheus scrapes: the 5 min rates have calls to divide
+        while time.monotonic() < deadline:
+            running_dev.dev.query("acme", "refund after cancelling a yearly plan")
+            try:
+                with urllib.request.urlopen(f"{base}/api/v1/query?query=up", timeout=5) as r:
+                    samples = json.loads(r.read())["data"]["result"]
+            except OSError:
+                samples = []
+            if samples and samples[0]["value"][1] == "1" and time.monotonic() > deadline - 50:
+                break
+            time.sleep(1)
+        time.sleep(3)  # a few scrapes after the last query
+        result = running_dev.run(
+            "status",
+            "--prometheus",
+            base,
+            "--selector",
+            'job="ragstream"',
+            "--json",
+            "--slo-retrieve-p95",
+            "30",
+            "--slo-freshness-p95",
+            "600",
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        rows = {r["name"]: r for r in json.loads(result.stdout)["rows"]}
+        assert rows["Retrieve p95"]["value"] > 0
+        assert rows["Retrieve server error rate"]["value"] == 0.0
+        assert rows["DLQ records per hour"]["value"] == 0
+        assert rows["tenants due for promotion"]["shown"] in ("0", NOT_EXPORTED)
+        strict = running_dev.run(
+            "status",
+            "--prometheus",
+            base,
+            "--slo-retrieve-p95",
+            "0.000001",
+            "--slo-freshness-p95",
+            "600",
+        )
+        assert strict.returncode == 1 and "SLO breached: Retrieve p95" in strict.stdout
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
