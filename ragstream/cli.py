@@ -692,7 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--env-table",
         action="store_true",
-        help="print every variable with its default and meaning as the README's Markdown table",
+        help="print every variable with its default and meaning (docs/configuration.md's table)",
     )
     p.add_argument(
         "--dev",
