@@ -9,6 +9,7 @@ every variable; `ragstream config` prints the effective settings with secrets ma
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -110,21 +111,27 @@ class ServiceSettings(BaseSettings):
     metrics_port: int = Field(default=9464, ge=0, le=65535)
 
 
-def masked(value: Any) -> Any:
-    """A JSON-ready settings dump with every secret masked: `SecretStr` fields (pydantic dumps
-    them masked) and any text under a secret-looking key (librdkafka properties in
-    `kafka.extra`, header maps...)."""
-    if isinstance(value, dict):
+def masked(dumped: Any, value: Any = None) -> Any:
+    """A JSON-ready settings dump (`dumped`, of the settings object `value`) with every secret
+    masked and nothing else: `SecretStr` fields (pydantic dumps them masked) and, in free-form
+    maps whose keys are not ours (librdkafka properties in `kafka.extra`, header maps...), text
+    under a secret-looking key. A model field is never masked for its name alone
+    (`format_metadata_key` is a column name, not a key)."""
+    if isinstance(dumped, dict):
+        if isinstance(value, BaseModel):
+            return {k: masked(v, getattr(value, k, None)) for k, v in dumped.items()}
+        inner = value if isinstance(value, Mapping) else {}
         return {
-            k: MASK if isinstance(v, str) and is_secret_key(k) else masked(v)
-            for k, v in value.items()
+            k: MASK if isinstance(v, str) and is_secret_key(str(k)) else masked(v, inner.get(k))
+            for k, v in dumped.items()
         }
-    if isinstance(value, list):
-        return [masked(v) for v in value]
-    return value
+    if isinstance(dumped, list):
+        items = list(value) if isinstance(value, list | tuple) else [None] * len(dumped)
+        return [masked(d, v) for d, v in zip(dumped, items, strict=False)]
+    return dumped
 
 
 def settings_report(settings: BaseModel) -> dict[str, Any]:
     """The effective settings as JSON, secrets masked (`ragstream config`)."""
-    report: dict[str, Any] = masked(settings.model_dump(mode="json"))
+    report: dict[str, Any] = masked(settings.model_dump(mode="json"), settings)
     return report

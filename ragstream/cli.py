@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
@@ -22,6 +24,37 @@ if TYPE_CHECKING:
 #: Entry-point group through which other distributions add subcommands: each entry is a
 #: callable taking the subparsers action (see devtools/ragdev/cli.py).
 COMMANDS_GROUP = "ragstream.commands"
+#: The file in its data dir where a running `ragstream dev` describes itself (ragdev.stack).
+DEV_STACK_FILE = "dev-stack.json"
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` that shows the default of every option that has one, help text or not."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        """Give an option without help text one that shows its default."""
+        if (
+            action.help is None
+            and action.option_strings
+            and action.default not in (None, False, argparse.SUPPRESS)
+        ):
+            action.help = "(default: %(default)s)"
+        super().add_argument(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        # No "(default: None)" or "(default: False)": an unset option or a flag says nothing.
+        if action.default in (None, False, []) or "(default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of a subcommand: its `--help` names it in full (`ragstream sor`, set by
+    argparse from the parent's prog) and shows every default."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
 
 def print_json(doc: Any) -> None:
@@ -446,17 +479,34 @@ def _cmd_config(args: argparse.Namespace) -> int:
         print(markdown(services))
         return 0
     chosen = [args.service] if args.service else list(services)
+    if args.dev:
+        print_json({name: _dev_settings(args.data_dir)[name] for name in chosen})
+        return 0
     print_json({name: settings_report(services[name]()) for name in chosen})
     return 0
+
+
+def _dev_settings(data_dir: Path) -> dict[str, Any]:
+    """The settings a running `ragstream dev` serves with (its stack file keeps them, secrets
+    masked, since it builds them in code rather than from the environment)."""
+    path = data_dir / DEV_STACK_FILE
+    if not path.is_file():
+        raise RagstreamError(f"no running dev stack: {path} not found (start `ragstream dev`)")
+    settings = json.loads(path.read_text()).get("settings")
+    if not isinstance(settings, dict):
+        raise RagstreamError(f"{path} holds no settings (a stack started by an older ragstream)")
+    return settings
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
-        prog="ragstream", description="Keep a retrieval index true to its system of record."
+        prog="ragstream",
+        description="Keep a retrieval index true to its system of record.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
 
     p = sub.add_parser("inspect-event", help="what ingest would do with one Debezium record")
     p.add_argument("file", nargs="?", type=Path, help="JSON object with key, value, headers")
@@ -642,8 +692,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--env-table",
         action="store_true",
-        help="print every variable with its default and meaning as the README's Markdown table",
+        help="print every variable with its default and meaning (docs/configuration.md's table)",
     )
+    p.add_argument(
+        "--dev",
+        action="store_true",
+        help="the settings of the running `ragstream dev` (from its stack file) instead",
+    )
+    p.add_argument("--data-dir", type=Path, default=Path("data"), help="--dev: its data dir")
     p.set_defaults(func=_cmd_config)
 
     for plugin in entry_points(group=COMMANDS_GROUP):
@@ -661,6 +717,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         code: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`ragstream query ... | head`): stop quietly, as `cat` does.
+        # Point stdout at /dev/null so the interpreter's final flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except RagstreamError as exc:
         print(f"ragstream: error [{exc.code}]: {exc}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """The environment variables of both services, read from their settings models.
 
-`ragstream config --env-table` prints the Markdown table the README holds between its
+`ragstream config --env-table` prints the Markdown table docs/configuration.md holds between its
 `env-table` markers; a test keeps the two equal, so a new setting cannot go undocumented.
 Nested models become `__`-joined variables; a discriminated union (the embedder, the reranker)
 lists each variant's fields under its `kind`; a list of models (the table mappings) is one JSON
@@ -161,8 +161,8 @@ def markdown(
     services: Mapping[str, type[BaseModel]],
     standard: Sequence[tuple[EnvRow, list[str]]] = OTEL_ROWS,
 ) -> str:
-    """The README's variable table, between its markers: the settings' variables and the
-    `standard` ones the services read besides."""
+    """The variable table of docs/configuration.md, between its markers: the settings'
+    variables and the `standard` ones the services read besides."""
     lines = [
         START,
         "| variable | used by | variant | default | meaning |",

@@ -13,10 +13,23 @@ from pathlib import Path
 from typing import Any
 
 from ragcore.errors import RagstreamError
+from ragdev.eval.configs import DEFAULT_CONFIGS
 from ragstream.cli import print_json
 
-#: `ragstream bench TARGET [options]`: the module of each benchmark (its options: `--help`)
-BENCHMARKS = ("store", "embedder", "ingest", "retrieve", "reconcile", "cdc", "tenants", "noisy")
+#: `ragstream bench TARGET [options]`: the module of each benchmark (its options:
+#: `ragstream bench TARGET --help`) and what it measures.
+BENCHMARKS = {
+    "store": "the embedded store (qdrant-edge) on synthetic data",
+    "embedder": "the local embedder's bulk throughput and single-query latency",
+    "ingest": "end-to-end ingest, Debezium change events in Kafka -> worker -> qdrant-edge",
+    "retrieve": "the gRPC Retrieve server's client-side latency and QPS",
+    "reconcile": "the cost of reconcile (no repair) at scale",
+    "cdc": "PostgreSQL commit -> searchable through Retrieve, with real Debezium",
+    "tenants": "what N small tenants cost, shared (partitions) or dedicated (collections)",
+    "noisy": "does a quiet tenant keep its latency while another floods Retrieve",
+}
+#: `ragstream eval --dataset`: the named eval sets (or a path).
+DATASETS = "golden | manpages | faqs | demo | beir:<dir> | <evalset.json>"
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -24,7 +37,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     module = importlib.import_module(f"ragdev.bench.{args.target}")
     # each benchmark prints exactly one JSON document on stdout (logs go to stderr)
-    code: int = module.main(args.options)
+    code: int = module.main(args.options, prog=f"ragstream bench {args.target}")
     return code
 
 
@@ -32,7 +45,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from ragcore.quality.metrics import result_reliability
     from ragdev.eval.gate import check_gate, load_gate
     from ragdev.eval.report import summary_table, write_report
-    from ragdev.eval.runner import DEFAULT_CONFIGS, ConfigResult, comparison, run_eval
+    from ragdev.eval.runner import ConfigResult, comparison, run_eval
     from ragdev.eval.sets import load_named
     from retrieval_api.calibration import CalibrationSettings
 
@@ -124,8 +137,8 @@ def _cmd_dev(args: argparse.Namespace) -> int:
 
 
 def _cmd_sor(args: argparse.Namespace) -> int:
-    from ragdev.dev import open_sor_writer
     from ragdev.sor.rows import key_values, row_for_put
+    from ragdev.stack import open_sor_writer
 
     writer = open_sor_writer(args.data_dir)
     try:
@@ -182,8 +195,15 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "bench",
         help="benchmarks: one JSON report on stdout (`ragstream bench TARGET --help`)",
+        description="Run one benchmark; it prints one JSON report on stdout. Targets: "
+        + "; ".join(f"{name}: {what}" for name, what in BENCHMARKS.items())
+        + ".",
     )
-    p.add_argument("target", choices=BENCHMARKS)
+    p.add_argument(
+        "target",
+        choices=list(BENCHMARKS),
+        help="the benchmark (its options: ragstream bench TARGET --help)",
+    )
     p.add_argument(
         "options", nargs=argparse.REMAINDER, help="the benchmark's own options (see its --help)"
     )
@@ -193,7 +213,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--dataset",
         default="golden",
-        help="golden | manpages | faqs | demo | beir:<dir> | <evalset.json>",
+        help=DATASETS,
     )
     p.add_argument(
         "--baselines",
@@ -204,7 +224,11 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--beir-dir", type=Path, default=None, help="faqs: keep the BEIR files written here"
     )
-    p.add_argument("--configs", default=None, help="comma-separated configurations")
+    p.add_argument(
+        "--configs",
+        default=None,
+        help="comma-separated configurations (default: all): " + ", ".join(DEFAULT_CONFIGS),
+    )
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--gate", type=Path, default=None, help="fail (exit 1) below these floors")
     p.add_argument("--report", type=Path, default=None, help="write JSON + HTML report here")

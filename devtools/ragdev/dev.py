@@ -40,18 +40,17 @@ from ragcore.embedders.cache import EmbeddingCacheConfig
 from ragcore.embedders.local_onnx import LocalEmbedderConfig
 from ragcore.errors import ConfigError, RagstreamError
 from ragcore.kafka_config import KafkaSettings
-from ragcore.plan import PlanConfig
 from ragcore.resources import package_dir
-from ragcore.settings import SorSettings, StoreSettings
+from ragcore.settings import SorSettings, StoreSettings, settings_report
 from ragcore.store.host import StoreHost, advertise, new_host_key, withdraw
 from ragcore.wiring import build_store, payload_schema
-from ragdev.sample import SAMPLE_DDL, SAMPLE_TABLES, sample_rows
+from ragdev.sample import SAMPLE_DDL, sample_rows
 from ragdev.services.debezium import DebeziumConnect, PostgresSource
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
 from ragdev.sor.embedded import EmbeddedSor
 from ragdev.sor.postgres_writer import PostgresWriter
-from ragdev.sor.rows import SorWriter
+from ragdev.stack import DEV_PLAN, STACK_FILE
 from ragstream.query import QueryError, print_pack, query
 from ragstream.reindex import calibrate_with
 from retrieval_api.app import build_app
@@ -63,14 +62,11 @@ from streams.settings import IngestSettings, ReconcileSettings
 
 log = logging.getLogger("ragdev.dev")
 
-STACK_FILE = "dev-stack.json"
 TOKENS_FILE = "dev-tokens.json"
 #: The variables for admin commands beside the running stack (see `_write_env`).
 ENV_FILE = "dev.env"
 #: The topics the stack creates besides one per mapped table.
 SERVICE_TOPICS = ("ragstream.dlq", "ragstream.audit", "ragstream.reindex-requests")
-#: The dev stack's SoR tables (two, shaped differently) and record policy.
-DEV_PLAN = PlanConfig(tables=SAMPLE_TABLES)
 EXAMPLES = (
     ("acme", "If a client cancels a yearly plan after a few weeks, do they get money back?"),
     ("globex", "how often should the seal of the GX-300 be checked?"),
@@ -136,25 +132,6 @@ def _write_env(
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.writelines(f"{k}={shlex.quote(v)}\n" for k, v in env.items())
-
-
-def read_stack(data_dir: Path) -> dict[str, Any]:
-    """The running dev stack's endpoints (for `ragstream sor` and `ragstream query`)."""
-    path = data_dir / STACK_FILE
-    if not path.exists():
-        raise ConfigError(f"no running dev stack: {path} not found (start `ragstream dev`)")
-    loaded: dict[str, Any] = json.loads(path.read_text())
-    return loaded
-
-
-def open_sor_writer(data_dir: Path) -> SorWriter:
-    """A writer to the running dev stack's system of record (`ragstream sor`): SQL to its
-    PostgreSQL (Debezium captures the change), or the embedded SQLite SoR (which publishes
-    the change event itself)."""
-    stack = read_stack(data_dir)
-    if stack.get("sor_kind") == "postgres":
-        return PostgresWriter(stack["sor_dsn"], DEV_PLAN)
-    return EmbeddedSor(Path(stack["sor"]), stack["kafka"], plan=DEV_PLAN)
 
 
 class _DevSor(Protocol):
@@ -346,41 +323,33 @@ def _serve_stack(
     )
     kafka = KafkaSettings(bootstrap_servers=bootstrap)
     sor_settings = source.settings
-    worker = build_worker(
-        IngestSettings(
-            kafka=kafka,
-            consumer=ConsumerConfig(
-                session_timeout_ms=6000,
-                heartbeat_interval_ms=1000,
-                reindex_topic="ragstream.reindex-requests",
-            ),
-            store=store_settings,
-            sor=sor_settings,
-            plan=DEV_PLAN,
-            embedding_cache=None,
-            reconcile=ReconcileSettings(interval_s=600.0),
+    ingest_settings = IngestSettings(
+        kafka=kafka,
+        consumer=ConsumerConfig(
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1000,
+            reindex_topic="ragstream.reindex-requests",
         ),
-        registry,
-        store=store,
-        embedder=embedder,
+        store=store_settings,
+        sor=sor_settings,
+        plan=DEV_PLAN,
+        embedding_cache=None,
+        reconcile=ReconcileSettings(interval_s=600.0),
     )
+    worker = build_worker(ingest_settings, registry, store=store, embedder=embedder)
     tenants = sorted({r["company_id"] for rows in samples.values() for r in rows})
     tokens = _tokens(data_dir, tenants)
-    app = build_app(
-        RetrieveSettings(
-            grpc=GrpcSettings(port=ports.grpc),
-            auth=AuthSettings(
-                tokens={t: hashlib.sha256(v.encode()).hexdigest() for t, v in tokens.items()}
-            ),
-            store=store_settings,
-            sor=sor_settings,
-            plan=DEV_PLAN,
-            kafka=kafka,
+    retrieve_settings = RetrieveSettings(
+        grpc=GrpcSettings(port=ports.grpc),
+        auth=AuthSettings(
+            tokens={t: hashlib.sha256(v.encode()).hexdigest() for t, v in tokens.items()}
         ),
-        registry,
-        store=store,
-        embedder=embedder,
+        store=store_settings,
+        sor=sor_settings,
+        plan=DEV_PLAN,
+        kafka=kafka,
     )
+    app = build_app(retrieve_settings, registry, store=store, embedder=embedder)
     start_http_server(ports.metrics, "127.0.0.1", registry=registry)
     # admin commands (reconcile, reindex, calibrate, index) use the store through this host
     # while the stack holds it open (ragcore/store/host.py)
@@ -414,6 +383,12 @@ def _serve_stack(
                     "metrics": f"http://127.0.0.1:{ports.metrics}/metrics",
                     "topics": DEV_PLAN.catalog.topics(),
                     **source.describe(),
+                    # what `ragstream config --dev` shows: the settings the stack runs with
+                    # (built in code, not from the environment), secrets masked
+                    "settings": {
+                        "ingest": settings_report(ingest_settings),
+                        "retrieve": settings_report(retrieve_settings),
+                    },
                 },
                 indent=2,
             )

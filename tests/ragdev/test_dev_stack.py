@@ -44,6 +44,7 @@ class DevProcess:
             stdout=self.log.open("wb"),
             stderr=subprocess.STDOUT,
             env=self.env,
+            start_new_session=True,  # a process group of its own, as a terminal gives it
         )
 
     def output(self) -> str:
@@ -76,8 +77,15 @@ class DevProcess:
         return pack
 
     def stop(self) -> int:
-        self.proc.send_signal(signal.SIGINT)
-        return self.proc.wait(60)
+        """Ctrl-C as a terminal sends it: SIGINT to the whole process group (the broker and
+        the database too, unless they run in sessions of their own). The shutdown must stop
+        the worker before the broker: no client may log a refused connection."""
+        before = len(self.output())
+        os.killpg(self.proc.pid, signal.SIGINT)
+        code = self.proc.wait(60)
+        shutdown = self.output()[before:]
+        assert "Connection refused" not in shutdown, shutdown[-3000:]
+        return code
 
 
 def entity_ids(pack: dict[str, Any]) -> list[str]:
@@ -166,6 +174,12 @@ def test_dev_stack_serves_reflects_changes_within_seconds_and_stops_cleanly(
 
         dev.cli("sor", "delete", "--id", "office-dog")
         wait_for(lambda: dog not in entity_ids(dev.query("acme", DOG)))
+
+        # `ragstream config --dev`: the settings the stack runs with, secrets masked only
+        running = json.loads(dev.cli("config", "--dev"))
+        assert running["ingest"]["kafka"]["bootstrap_servers"] == f"127.0.0.1:{dev.kafka}"
+        assert running["retrieve"]["grpc"]["port"] == dev.grpc
+        assert running["ingest"]["plan"]["tables"][0]["format_metadata_key"] == "format"
 
         with urllib.request.urlopen(f"http://127.0.0.1:{dev.metrics}/metrics", timeout=10) as r:
             metrics = r.read().decode()

@@ -1,4 +1,4 @@
-"""The README's variable table is the one generated from the settings models."""
+"""The variable table of docs/configuration.md is the one generated from the settings models."""
 
 from __future__ import annotations
 
@@ -12,13 +12,28 @@ from ragstream.envtable import END, START, env_rows, markdown, service_settings
 
 pytestmark = pytest.mark.unit
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
-def test_the_readme_table_is_the_generated_one() -> None:
-    text = README.read_text()
-    block = text[text.index(START) : text.index(END) + len(END)]
+def generated_block(text: str) -> str:
+    """The text between the table's markers, markers included; AssertionError unless each
+    marker stands exactly once (a stray copy would hide a stale table)."""
+    assert (text.count(START), text.count(END)) == (1, 1), "one start and one end marker"
+    return text[text.index(START) : text.index(END) + len(END)]
+
+
+def test_the_configuration_table_is_the_generated_one() -> None:
+    block = generated_block(CONFIGURATION.read_text())
     assert block == markdown(service_settings()), "run `ragstream config --env-table`"
+
+
+def test_a_duplicated_marker_is_noticed() -> None:
+    table = markdown(service_settings())
+    with pytest.raises(AssertionError, match="one start and one end marker"):
+        generated_block(f"{table}\n{END}\n")
+    with pytest.raises(AssertionError, match="one start and one end marker"):
+        generated_block(f"{START}\n{table}")
+    assert generated_block(f"intro\n{table}\noutro") == table
 
 
 def test_every_nested_field_and_union_variant_is_a_row() -> None:

@@ -20,7 +20,8 @@ from ragcore.settings import StoreSettings
 from ragcore.sparse import Bm25Encoder
 from ragcore.store.edge import EdgeStore
 from ragcore.store.registry import FileIndexRegistry, ResolvedIndex
-from ragdev.eval.runner import DEFAULT_CONFIGS, _records, run_eval
+from ragdev.eval.configs import DEFAULT_CONFIGS
+from ragdev.eval.runner import _records, run_eval
 from retrieval_api.calibration import CalibrationSettings, calibrate_version, fit_calibration
 from retrieval_api.candidates import CandidateSearch
 from retrieval_api.config import RetrievalConfig

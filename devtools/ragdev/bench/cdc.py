@@ -67,6 +67,7 @@ from ragdev.bench.machine import emit, machine_info
 from ragdev.services.debezium import DebeziumConnect, PostgresSource, production_config
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
+from ragstream.cli import HelpFormatter
 from retrieval_api.app import build_app
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
@@ -506,9 +507,13 @@ def run(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """CLI: print the report."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        formatter_class=HelpFormatter,
+        description=__doc__.split("\n\n")[0],
+    )
     parser.add_argument("--changes", type=int, default=200)
     parser.add_argument("--rate", type=float, default=5.0, help="changes per second")
     parser.add_argument("--snapshot-rows", type=int, default=10_000)

@@ -23,6 +23,7 @@ from ragcore.embedders.local_onnx import LocalEmbedderConfig, LocalOnnxEmbedder
 from ragcore.errors import ConfigError
 from ragcore.resources import package_file
 from ragdev.bench.machine import emit
+from ragstream.cli import HelpFormatter
 
 __all__ = ["QUERIES", "passages", "run"]
 
@@ -335,9 +336,9 @@ def run(n: int = 300, batch_size: int = 32, *, threads: int | None = None) -> di
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Command line entry: print the measurement as JSON."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog=prog, formatter_class=HelpFormatter, description=__doc__)
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None)

@@ -73,6 +73,7 @@ from ragdev.docgen import docx_bytes, pdf_bytes, xlsx_bytes
 from ragdev.sample_documents import GX950_PAGES
 from ragdev.services.tansu import TansuBroker
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
+from ragstream.cli import HelpFormatter
 from schemas.entities import ContentFormat, Entity
 from schemas.events import Op
 from streams.app import IngestWorker, build_worker
@@ -960,9 +961,13 @@ def _phase_freshness(bench: _Bench, texts: Sequence[str], rate: float) -> dict[s
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Command line entry: print the report as JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        formatter_class=HelpFormatter,
+        description=__doc__.split("\n\n")[0],
+    )
     parser.add_argument("--entities", type=int, default=300)
     parser.add_argument("--cached-entities", type=int, default=5_000)
     parser.add_argument("--steady-seconds", type=float, default=30.0)

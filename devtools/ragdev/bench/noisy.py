@@ -66,6 +66,7 @@ from ragdev.bench.retrieve import (
     _questions,
     _sentences,
 )
+from ragstream.cli import HelpFormatter
 from retrieval_api.admission import AdmissionSettings, QuotaBook, TenantQuota
 from retrieval_api.app import build_app
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
@@ -386,9 +387,11 @@ def run(
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Command line entry: print the report as JSON."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=prog, formatter_class=HelpFormatter, description=(__doc__ or "").split("\n\n")[0]
+    )
     parser.add_argument("--points", type=int, default=20_000, help="chunks per tenant")
     parser.add_argument("--calls", type=int, default=100, help="quiet calls per phase and round")
     parser.add_argument("--rounds", type=int, default=2)

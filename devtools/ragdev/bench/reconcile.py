@@ -74,6 +74,7 @@ from ragcore.store.points import CHUNK_COUNT, chunk_point, rfc3339, row_fields
 from ragcore.store.registry import FileIndexRegistry
 from ragcore.wiring import payload_schema
 from ragdev.bench.machine import emit, machine_info, proc_status_mib, run_dir
+from ragstream.cli import HelpFormatter
 from schemas.entities import ContentFormat, EntityVersion
 from streams.reconcile import reconcile
 
@@ -673,9 +674,13 @@ def run(
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Command line: print the report as JSON (and write it to `--out`); 1 when inconsistent."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        formatter_class=HelpFormatter,
+        description=(__doc__ or "").split("\n\n")[0],
+    )
     parser.add_argument("--points", type=int, default=100_000)
     parser.add_argument("--chunks-per-entity", type=int, default=10)
     parser.add_argument("--dim", type=int, default=384)

@@ -80,6 +80,7 @@ from ragcore.wiring import payload_schema
 from ragdev.bench.ingest import prose_paragraphs
 from ragdev.bench.machine import emit, flat, int_list, machine_info, percentiles, run_dir
 from ragdev.bench.reconcile import paragraph_points
+from ragstream.cli import HelpFormatter
 from retrieval_api.admission import AdmissionSettings, QuotaBook, TenantQuota
 from retrieval_api.app import RetrieveApp, build_app
 from retrieval_api.processes import RetrieveProcesses
@@ -891,9 +892,13 @@ def run(
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Command line entry: print the report as JSON."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        formatter_class=HelpFormatter,
+        description=(__doc__ or "").split("\n\n")[0],
+    )
     parser.add_argument("--points", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--concurrency", type=int_list, nargs="+", default=[[1, 8]])

@@ -35,6 +35,7 @@ from ragcore.store.base import PointRecord, SparseVector, StoreFilter
 from ragcore.store.edge import EdgeStore
 from ragcore.store.ids import point_id
 from ragdev.bench.machine import emit, flat, int_list, machine_info
+from ragstream.cli import HelpFormatter
 
 TENANT = "bench"
 COLLECTION = "rag__bench__v1"
@@ -279,9 +280,13 @@ def run(
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Command line: run the benchmark and optionally write the report to a file."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        formatter_class=HelpFormatter,
+        description=__doc__.split("\n", 1)[0] if __doc__ else None,
+    )
     parser.add_argument("--sizes", type=int_list, nargs="+", default=[[10_000, 100_000]])
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--queries", type=int, default=200)

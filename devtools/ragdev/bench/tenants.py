@@ -58,6 +58,7 @@ from ragdev.bench.machine import (
     proc_status_mib,
     run_dir,
 )
+from ragstream.cli import HelpFormatter
 from retrieval_api.app import build_app
 from retrieval_api.settings import RetrieveSettings
 from retrieval_api.validate import validate_request
@@ -337,9 +338,13 @@ def _nofile() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Command line: print the report as JSON."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        formatter_class=HelpFormatter,
+        description=(__doc__ or "").split("\n\n")[0],
+    )
     parser.add_argument("--tenants", type=int_list, nargs="+", default=[[100, 1000]])
     parser.add_argument("--docs", type=int, default=3, help="documents per tenant")
     parser.add_argument("--queries", type=int, default=200)

@@ -688,8 +688,14 @@ class DebeziumConnect(LocalService):
         ]
         log_file = open(self.log_path, "ab")  # noqa: SIM115 (handed to the child)
         try:
+            # A session of its own: Ctrl-C in the terminal reaches ragstream, which stops
+            # Connect in order, not the JVM directly.
             self._proc = subprocess.Popen(
-                command, stdout=log_file, stderr=subprocess.STDOUT, cwd=self.work_dir
+                command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=self.work_dir,
+                start_new_session=True,
             )
         finally:
             log_file.close()

@@ -74,11 +74,23 @@ class PostgresCluster(LocalService):
         """A libpq connection string for the `postgres` superuser."""
         return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
 
+    @property
+    def pid(self) -> int | None:
+        """The server's (postmaster's) process id while it runs."""
+        pid_file = self._data / "postmaster.pid"
+        if not pid_file.is_file():
+            return None
+        return int(pid_file.read_text().split("\n", 1)[0])
+
     def _run(self, *args: str) -> None:
         cmd = [str(a) for a in args]
         if self._as_root:
             cmd = ["su", "postgres", "-s", "/bin/sh", "-c", " ".join(_quote(c) for c in cmd)]
-        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        # A session of its own: the terminal's Ctrl-C reaches ragstream, which stops the
+        # services in order (the worker before what it reads), not the server directly.
+        result = subprocess.run(
+            cmd, capture_output=True, text=True, check=False, start_new_session=True
+        )
         if result.returncode != 0:
             log = self._log.read_text(errors="replace")[-2000:] if self._log.exists() else ""
             raise ConfigError(

@@ -60,6 +60,11 @@ class TansuBroker(LocalService):
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def pid(self) -> int | None:
+        """The broker's process id while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
     def bootstrap_servers(self) -> str:
         """The `bootstrap.servers` value for clients."""
         return f"{self.host}:{self.port}"
@@ -79,7 +84,11 @@ class TansuBroker(LocalService):
         ]
         log = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL  # noqa: SIM115
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
-        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # A session of its own: the terminal's Ctrl-C reaches ragstream, which stops the
+        # worker first and the broker last (see `stop`), instead of the broker dying under it.
+        self._proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         wait_for_port(self.host, self.port, timeout, self._proc)
         return self
 

@@ -6,7 +6,8 @@ import pytest
 
 from ragcore.quality.dataset import EvalEntity, EvalQuery, EvalSet, QueryKind
 from ragcore.quality.metrics import Status
-from ragdev.eval.runner import DEFAULT_CONFIGS, comparison, run_eval
+from ragdev.eval.configs import DEFAULT_CONFIGS
+from ragdev.eval.runner import comparison, run_eval
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

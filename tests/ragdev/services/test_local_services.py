@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import psycopg
 import pytest
 from confluent_kafka import Consumer, Producer
@@ -50,3 +52,16 @@ def test_postgres_cluster_accepts_queries(postgres: PostgresCluster) -> None:
     with psycopg.connect(postgres.dsn) as conn:
         row = conn.execute("select current_setting('server_version_num')::int").fetchone()
     assert row is not None and row[0] >= 130000
+
+
+@pytest.mark.integration
+def test_the_services_run_in_sessions_of_their_own(
+    kafka_broker: TansuBroker, postgres: PostgresCluster
+) -> None:
+    """A terminal's Ctrl-C (SIGINT to the foreground process group) reaches ragstream only,
+    which then stops the worker before the broker and the database it reads."""
+    ours = os.getsid(0)
+    for pid in (kafka_broker.pid, postgres.pid):
+        assert pid is not None
+        assert os.getsid(pid) != ours
+        assert os.getpgid(pid) != os.getpgrp()
