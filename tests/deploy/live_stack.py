@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import json
 import logging
 import select
 import socket
@@ -64,6 +65,11 @@ GLOBEX_ROWS = 20
 #: A shared tenant above this many points is due for promotion (the scenario adds rows).
 PROMOTE_ABOVE = 200
 TOPICS_OF = ("Refunds", "VPN tokens", "Pump seals", "Invoices", "Error codes")
+
+
+def tokens_json() -> str:
+    """The Retrieve server's tokens file: each tenant's token digest."""
+    return json.dumps({t: hashlib.sha256(v.encode()).hexdigest() for t, v in TOKENS.items()})
 
 
 def row_text(n: int) -> str:
@@ -276,6 +282,7 @@ class LiveStack:
     lag_metrics: Served
     stall_metrics: Served
     work_dir: Path
+    tokens_file: Path
     thread: threading.Thread | None = None
     load: Load | None = None
     cleanups: list[Callable[[], None]] = field(default_factory=list)
@@ -493,13 +500,14 @@ def _with_services(  # noqa: PLR0917 - the parts start_live_stack made
     worker = build_worker(settings, ingest_registry, store=store, embedder=embedder)
     worker.check()
     proxy = TcpProxy(postgres.port)
+    # credentials from a file, as in production: the reload scenario breaks and fixes it
+    tokens_file = work_dir / "tokens.json"
+    tokens_file.write_text(tokens_json(), encoding="utf-8")
     retrieve_registry = CollectorRegistry()
     app = build_app(
         RetrieveSettings(
             grpc=GrpcSettings(port=0),
-            auth=AuthSettings(
-                tokens={t: hashlib.sha256(v.encode()).hexdigest() for t, v in TOKENS.items()}
-            ),
+            auth=AuthSettings(tokens_file=tokens_file, reload_interval_s=0.5),
             store=store_settings,
             sor=SorSettings(
                 kind="postgres",
@@ -538,6 +546,7 @@ def _with_services(  # noqa: PLR0917 - the parts start_live_stack made
         lag_metrics=Served(lag_registry, free_port()),
         stall_metrics=Served(CollectorRegistry(), free_port()),
         work_dir=work_dir,
+        tokens_file=tokens_file,
     )
     for served in (stack.ingest_metrics, stack.retrieve_metrics, stack.lag_metrics):
         served.start()

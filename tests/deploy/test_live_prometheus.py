@@ -34,6 +34,7 @@ from tests.deploy.live_stack import (
     produce_poison,
     row_text,
     start_live_stack,
+    tokens_json,
 )
 from tests.deploy.prometheus_live import (
     LivePrometheus,
@@ -158,6 +159,17 @@ def tenant_outgrows_the_shared_pool(stack: LiveStack) -> Callable[[], None]:
     return recover
 
 
+def credentials_file_broken(stack: LiveStack) -> Callable[[], None]:
+    """The tokens file is overwritten with something that is not JSON (a botched rotation):
+    the server keeps the credentials in force and says it cannot reload them."""
+    stack.tokens_file.write_text("{not json", encoding="utf-8")
+
+    def recover() -> None:
+        stack.tokens_file.write_text(tokens_json(), encoding="utf-8")
+
+    return recover
+
+
 INGEST = {"job": "ragstream-ingest"}
 RETRIEVE = {"job": "ragstream-retrieve"}
 
@@ -170,6 +182,9 @@ SCENARIOS: dict[str, Scenario] = {
     "RagstreamRetrieveLatencyHigh": Scenario("SoR slow", sor_slow_for_retrieve, RETRIEVE),
     "RagstreamRetrieveStaleExclusionSpike": Scenario(
         "Debezium stopped", debezium_stopped, RETRIEVE
+    ),
+    "RagstreamRetrieveConfigReloadFailing": Scenario(
+        "tokens file broken", credentials_file_broken, RETRIEVE
     ),
     "RagstreamReconcileDrift": Scenario("drift injected", drift_injected, INGEST),
     "RagstreamTenantsDueForPromotion": Scenario(
