@@ -279,7 +279,11 @@ def run(
         flood_queries.write_text(json.dumps(_questions(prose, 500, rng)), encoding="utf-8")
         quotas = QuotaBook(
             default=TenantQuota(concurrency=8),
-            tenants={NOISY: TenantQuota(concurrency=share, requests_per_s=share_rps)},
+            tenants={
+                NOISY: TenantQuota(
+                    concurrency=share, requests_per_s=share_rps, tenant_class="noisy"
+                )
+            },
         )
         base = RetrieveSettings(
             grpc=GrpcSettings(port=0),
@@ -329,8 +333,12 @@ def run(
         summaries[phase]["p50_over_alone"] = round(mine["p50"] / alone["p50"], 2)
         summaries[phase]["p95_over_alone"] = round(mine["p95"] / alone["p95"], 2)
     flooded = summaries["flood"]
-    refused_noisy = registries[True].get_sample_value(
-        "ragstream_retrieve_admission_total", {"tenant_class": "default", "outcome": "concurrency"}
+    refused_noisy = sum(
+        registries[True].get_sample_value(
+            "ragstream_retrieve_admission_total", {"tenant_class": "noisy", "outcome": outcome}
+        )
+        or 0
+        for outcome in ("rate", "concurrency", "overload")
     )
     return {
         "benchmark": "ragstream bench noisy: a quiet tenant's latency while another floods",
