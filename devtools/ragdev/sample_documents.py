@@ -31,51 +31,56 @@ DOCUMENTS_TABLE = TableMapping(
 
 GX950_PAGES = [
     [
-        "GX-950 end-suction centrifugal pump - datasheet",
-        "Page 1 of 5: overview.",
-        "The GX-950 moves clean water and light glycol mixtures in district cooling loops.",
-        "Rated flow 180 m3/h at a head of 45 m; motor 37 kW, 4 poles, IE4 efficiency class.",
+        "GX-950 end-suction centrifugal pump - datasheet, page 1 of 5: overview.",
+        "The GX-950 moves clean water and light glycol mixtures in district cooling",
+        "loops and large air-conditioning plants. It is built as a back-pull-out design, so the",
+        "rotating unit can be removed without disconnecting the pipework.",
+        "Rated flow 180 m3/h at a head of 45 m; motor 37 kW, 4 poles, efficiency class IE4.",
     ],
     [
-        "GX-950 datasheet - page 2: materials of construction.",
-        "Casing: ductile iron EN-GJS-400-15, epoxy coated inside and out.",
-        "Impeller: duplex stainless steel 1.4462, dynamically balanced to grade G2.5.",
-        "Shaft: stainless steel 1.4021; shaft sleeve in bronze.",
+        "GX-950 datasheet, page 2 of 5: materials of construction.",
+        "The casing is ductile iron EN-GJS-400-15 with an epoxy coating inside and out. The",
+        "impeller is cast in duplex stainless steel 1.4462 and dynamically balanced to grade",
+        "G2.5. The shaft is stainless steel 1.4021 and runs in a bronze shaft sleeve.",
     ],
     [
-        "GX-950 datasheet - page 3: operating limits.",
-        "Liquid temperature from -10 to +120 degrees Celsius.",
-        "Maximum casing pressure 16 bar; maximum suction pressure 6 bar.",
-        "Do not run the GX-950 below 25 percent of its rated flow for more than two minutes.",
+        "GX-950 datasheet, page 3 of 5: operating limits.",
+        "Liquid temperature from -10 to +120 degrees Celsius. Maximum casing pressure 16 bar;",
+        "maximum suction pressure 6 bar. Running far below the rated flow heats the liquid in",
+        "the casing: do not run the unit below 25 percent of its rated flow for more than",
+        "two minutes.",
     ],
     [
-        "GX-950 datasheet - page 4: maintenance intervals.",
+        "GX-950 datasheet, page 4 of 5: maintenance intervals.",
         "Regrease the motor bearings every 4,000 operating hours with lithium-complex grease.",
-        "Inspect the mechanical seal every 8,000 hours; replace it with seal kit SK-950.",
-        "Check the coupling alignment after every motor exchange.",
+        "Inspect the mechanical seal every 8,000 hours and replace it with seal kit SK-950 when",
+        "the faces show wear. Check the coupling alignment after every motor exchange.",
     ],
     [
-        "GX-950 datasheet - page 5: noise and vibration.",
-        "Sound pressure level 71 dB(A) at one metre at the rated point.",
-        "Vibration velocity must stay below 4.5 mm/s RMS measured on the bearing housing.",
+        "GX-950 datasheet, page 5 of 5: noise and vibration.",
+        "The sound pressure level is 71 dB(A) at one metre at the rated point. The vibration",
+        "velocity must stay below 4.5 mm/s RMS, measured on the bearing housing in all three",
+        "directions during commissioning.",
     ],
 ]
 
 DPA_PAGES = [
     [
-        "Acme Flow data processing agreement (DPA), version 4",
-        "Section 1: parties and scope. Acme Software GmbH processes personal data on behalf",
-        "of the customer only to provide the Acme Flow service.",
+        "Acme Flow data processing agreement (DPA), version 4, page 1 of 3: parties and scope.",
+        "Acme Software GmbH processes personal data on behalf of the customer only to provide",
+        "the Acme Flow service, and only on the customer's documented instructions.",
     ],
     [
-        "Section 2: sub-processors.",
-        "Acme notifies customers 30 days before adding a new sub-processor; customers may",
-        "object in writing within 14 days of the notice.",
+        "Acme Flow DPA, page 2 of 3: sub-processors.",
+        "Acme notifies customers 30 days before it engages a new sub-processor. A customer may",
+        "object to the new sub-processor in writing within 14 days of the notice; Acme then",
+        "proposes an alternative or the customer may end the affected service.",
     ],
     [
-        "Section 3: breach notification.",
-        "Acme informs the customer of a personal data breach without undue delay and at the",
-        "latest within 36 hours of becoming aware of it.",
+        "Acme Flow DPA, page 3 of 3: audits.",
+        "Once per calendar year the customer may audit Acme's compliance with this agreement,",
+        "announced at least 45 days in advance; Acme provides its current SOC 2 Type II report",
+        "instead of an on-site audit where the customer agrees.",
     ],
 ]
 
