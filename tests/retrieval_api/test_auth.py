@@ -187,3 +187,36 @@ def test_the_peer_table_is_bounded() -> None:
 )
 def test_peer_address_drops_the_port(peer: str, address: str) -> None:
     assert peer_address(peer) == address
+
+
+def test_the_server_s_poll_reloads_changed_files_and_flags_a_broken_one(tmp_path: Path) -> None:
+    """What the server runs every `reload_interval_s`: a changed tokens or quotas file is
+    reloaded, an unchanged one is not read again, a broken one sets reload_ok to 0."""
+    from retrieval_api.admission import AdmissionSettings, TenantAdmission
+    from retrieval_api.server import _Watched
+
+    tokens, quotas = tmp_path / "tokens.json", tmp_path / "quotas.json"
+    tokens.write_text(json.dumps({"acme": sha("one")}))
+    quotas.write_text(json.dumps({"tenants": {"acme": {"concurrency": 1}}}))
+    registry = CollectorRegistry()
+    auth = Authenticator(AuthSettings(tokens_file=tokens), registry)
+    admission = TenantAdmission(AdmissionSettings(quotas_file=quotas), registry)
+    watched = _Watched(auth, admission)
+    value = registry.get_sample_value
+    reloads = "ragstream_retrieve_config_reloads_total"
+    watched.poll()
+    assert value(reloads, {"source": "quotas", "outcome": "ok"}) is None  # nothing changed
+    quotas.write_text(json.dumps({"tenants": {"acme": {"concurrency": 3}}}))
+    tokens.write_text(json.dumps({"acme": [sha("one"), sha("two")]}))
+    watched.poll()
+    assert admission.quotas.of("acme").concurrency == 3
+    assert tenant(auth, Call("two")) == "acme"
+    assert value(reloads, {"source": "quotas", "outcome": "ok"}) == 1
+    quotas.write_text('{"tenants": ')
+    watched.poll()
+    assert admission.quotas.of("acme").concurrency == 3  # the previous quotas stay
+    assert value("ragstream_retrieve_config_reload_ok", {"source": "quotas"}) == 0
+    assert value("ragstream_retrieve_config_reload_ok", {"source": "credentials"}) == 1
+    quotas.unlink()  # a missing file is a change too, and an error
+    watched.poll()
+    assert value(reloads, {"source": "quotas", "outcome": "error"}) == 2
