@@ -151,6 +151,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
         index_version=args.index_version,
         timeout_s=args.timeout,
         data_dir=args.data_dir,
+        max_context_tokens=args.max_context_tokens,
     )
     print_pack(pack, as_json=args.json, detail=args.detail, scores=args.scores)
     return 0
@@ -550,6 +551,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--index-version", default="", help="pin an index version (default: active)")
+    p.add_argument(
+        "--max-context-tokens",
+        type=int,
+        default=None,
+        help="token budget: results carry the text around them, cut to fit",
+    )
     p.add_argument("--timeout", type=float, default=10.0, help="deadline in seconds")
     p.add_argument("--json", action="store_true", help="print the pack as JSON")
     p.add_argument(

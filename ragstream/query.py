@@ -39,8 +39,10 @@ def query(
     index_version: str = "",
     timeout_s: float = 10.0,
     data_dir: Path = Path("data"),
+    max_context_tokens: int | None = None,
 ) -> pb.EvidencePack:
-    """One Retrieve call; a non-OK status becomes a QueryError naming the status and code."""
+    """One Retrieve call; a non-OK status becomes a QueryError naming the status and code.
+    `max_context_tokens` asks for context around the results within that token budget."""
     secret = token or os.environ.get("RAGSTREAM_TOKEN") or _dev_token(tenant, data_dir)
     # optional fields: set only what was given (an empty string is a present, invalid value)
     request = pb.RetrieveRequest(query_text=question, top_k=top_k)
@@ -48,6 +50,8 @@ def query(
         request.tenant = tenant
     if index_version:
         request.index_version = index_version
+    if max_context_tokens is not None:
+        request.max_context_tokens = max_context_tokens
     with grpc.insecure_channel(target) as channel:
         stub = pb_grpc.RetrievalServiceStub(channel)
         try:
@@ -85,6 +89,28 @@ def _score_label(result: pb.Result, scores: ScoreView) -> str:
     return f"{order}  {evidence}"
 
 
+def _print_context(context: pb.Context, out: TextIO) -> None:
+    cut = ", cut to fit" if context.truncated else ""
+    out.write(f"    context ({context.tokens} tokens from {', '.join(context.chunk_ids)}{cut}):\n")
+    before = " ".join(context.before.split())
+    after = " ".join(context.after.split())
+    if before:
+        out.write(f"      before: …{before[-120:]}\n")
+    if after:
+        out.write(f"      after:  {after[:120]}…\n")
+
+
+def _print_budget(budget: pb.ContextBudget, out: TextIO) -> None:
+    cuts: Counter[str] = Counter(
+        pb.BudgetAction.Name(c.action).removeprefix("BUDGET_ACTION_").lower() for c in budget.cuts
+    )
+    what = f" ({', '.join(f'{a} {n}' for a, n in sorted(cuts.items()))})" if cuts else ""
+    out.write(
+        f"token budget used: {budget.token_budget_used} of {budget.max_context_tokens}"
+        f"{what} [{budget.tokenizer}]\n"
+    )
+
+
 def print_pack(
     pack: pb.EvidencePack,
     *,
@@ -97,8 +123,11 @@ def print_pack(
 
     Text: a header (status, index, model, confidence), what ordered the results and what the
     evidence score is, then the results *in the order returned* with the score that ordered them
-    and the evidence score (labelled; `scores` picks one), title, locator, matched identifiers
-    and a snippet; exclusions summarised per reason (`detail` lists each one); stage timings.
+    and the evidence score (labelled; `scores` picks one), title, locator, matched identifiers,
+    the near-duplicates collapsed into it (`+3 similar`; `detail` names them) and a snippet,
+    its context when the request set a token budget, and the budget used with what it cut;
+    exclusions summarised per reason (`detail` lists each one); stage timings. Only results
+    are listed as results: chunks below the hard threshold appear among the exclusions.
     """
     if as_json:
         doc = MessageToDict(pack, preserving_proto_field_name=True)
@@ -131,12 +160,21 @@ def print_pack(
             if result.matched_identifiers
             else ""
         )
+        similar = f"  +{len(result.also_in)} similar" if result.also_in else ""
         out.write(
             f"{result.rank:>2}. [{_score_label(result, scores)}] "
             f"{result.title or result.entity_id}"
-            f"  ({result.entity_id}, {where}, chars {loc.char_start}-{loc.char_end}){matched}\n"
+            f"  ({result.entity_id}, {where}, chars {loc.char_start}-{loc.char_end})"
+            f"{matched}{similar}\n"
             f"    {snippet}\n"
         )
+        if detail and result.also_in:
+            names = ", ".join(s.entity_id for s in result.also_in)
+            out.write(f"    also in: {names}\n")
+        if result.HasField("context") and result.context.chunk_ids:
+            _print_context(result.context, out)
+    if pack.HasField("context_budget"):
+        _print_budget(pack.context_budget, out)
     reasons: Counter[str] = Counter()
     for item in pack.excluded:
         reason = pb.ExclusionReason.Name(item.reason).removeprefix("EXCLUSION_REASON_").lower()

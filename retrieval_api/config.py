@@ -52,6 +52,12 @@ class RetrievalConfig(BaseModel):
     default_top_k: int = Field(default=5, ge=1)
     max_top_k: int = Field(default=50, ge=1, le=1000)
     max_request_id_chars: int = Field(default=128, ge=8, le=1024)
+    max_context_tokens: int = Field(
+        default=32768,
+        ge=1,
+        le=1_000_000,
+        description="Largest token budget a request may ask for (`max_context_tokens`).",
+    )
     query_cache_entries: int = Field(
         default=4096,
         ge=0,

@@ -37,6 +37,7 @@ from ragcore.store.base import (
     datetime_bounds,
 )
 from ragcore.textsim import Signature, signature, similarity
+from retrieval_api.context import BudgetAction, ContextPlan
 from retrieval_api.ranking import (
     Confidence,
     Excluded,
@@ -154,6 +155,12 @@ _SCORE_KIND: Mapping[ScoreKind, pb.ScoreKind.ValueType] = {
     ScoreKind.COSINE: pb.SCORE_KIND_COSINE,
     ScoreKind.RERANK: pb.SCORE_KIND_RERANK,
     ScoreKind.EVIDENCE: pb.SCORE_KIND_EVIDENCE,
+}
+_BUDGET_ACTIONS: Mapping[BudgetAction, pb.BudgetAction.ValueType] = {
+    BudgetAction.TEXT_TRUNCATED: pb.BUDGET_ACTION_TEXT_TRUNCATED,
+    BudgetAction.RESULT_DROPPED: pb.BUDGET_ACTION_RESULT_DROPPED,
+    BudgetAction.CONTEXT_TRUNCATED: pb.BUDGET_ACTION_CONTEXT_TRUNCATED,
+    BudgetAction.CONTEXT_DROPPED: pb.BUDGET_ACTION_CONTEXT_DROPPED,
 }
 _VERDICT_REASON: Mapping[Verdict, ExclusionReason] = {
     Verdict.DELETED: ExclusionReason.DELETED,
@@ -319,10 +326,11 @@ def _set_timings(pack: pb.EvidencePack, timings_ms: Mapping[str, float]) -> None
 
 @dataclass
 class _Walk:
-    """The survivors in rank order after the SoR check: results up to top_k, the chunks the
-    check excluded, counts per exclusion reason, and how many verdicts were read."""
+    """The survivors in rank order after the SoR check: per result (up to top_k) its verified
+    chunks (the result first, then its verified near-duplicates), the chunks the check
+    excluded, counts per exclusion reason, and how many verdicts were read."""
 
-    results: list[pb.Result] = field(default_factory=list)
+    groups: list[list[RankedChunk]] = field(default_factory=list)
     excluded: list[Excluded] = field(default_factory=list)
     verification: dict[ExclusionReason, int] = field(
         default_factory=lambda: dict.fromkeys(_VERDICT_REASON.values(), 0)
@@ -330,18 +338,12 @@ class _Walk:
     verified: int = 0
 
 
-def _verify_walk(
-    ranking: Ranking,
-    verdicts: Mapping[str, Verdict],
-    tenant: str,
-    attribute_fields: Sequence[str],
-    lexical_details: Mapping[str, tuple[float, float]] | None,
-) -> _Walk:
+def _verify_walk(ranking: Ranking, verdicts: Mapping[str, Verdict]) -> _Walk:
     """Walk the survivors in order until top_k pass the SoR check; a chunk without a verdict
     raises ValueError (an unchecked chunk must never be returned)."""
     walk = _Walk()
     for survivor in ranking.survivors:
-        if len(walk.results) == ranking.top_k:
+        if len(walk.groups) == ranking.top_k:
             break
         verified: list[RankedChunk] = []
         for chunk in (survivor, *survivor.similar):
@@ -355,19 +357,75 @@ def _verify_walk(
             reason = _VERDICT_REASON[verdict]
             walk.verification[reason] += 1
             walk.excluded.append(Excluded(chunk.chunk_id, chunk.entity_id, reason, chunk.final))
-        if not verified:
-            continue
-        # the best verified chunk of a near-duplicate group is the result, the others its also_in
-        lead, *others = verified
-        result = _result(len(walk.results) + 1, lead, tenant, attribute_fields)
+        if verified:
+            # the best verified chunk of a near-duplicate group is the result
+            walk.groups.append(verified)
+    return walk
+
+
+def result_chunks(ranking: Ranking, verdicts: Mapping[str, Verdict]) -> list[RankedChunk]:
+    """The chunks `build_pack` will return as results, in order (before a token budget):
+    what the context stage fetches neighbours for and counts."""
+    return [group[0] for group in _verify_walk(ranking, verdicts).groups]
+
+
+def _results(
+    walk: _Walk,
+    tenant: str,
+    attribute_fields: Sequence[str],
+    lexical_details: Mapping[str, tuple[float, float]] | None,
+) -> list[pb.Result]:
+    results: list[pb.Result] = []
+    for lead, *others in walk.groups:
+        result = _result(len(results) + 1, lead, tenant, attribute_fields)
         detail = (lexical_details or {}).get(lead.chunk_id)
         if detail is not None:
             result.scores.lexical_normalized, result.scores.coverage = detail
         if others:
             lead_signature = signature(result.text)
             result.also_in.extend(_similar(c, lead_signature, tenant) for c in others)
-        walk.results.append(result)
-    return walk
+        results.append(result)
+    return results
+
+
+def _fit(results: list[pb.Result], plan: ContextPlan) -> list[pb.Result]:
+    """Apply the token budget's decisions: drop, cut texts, attach contexts, renumber."""
+    kept: list[pb.Result] = []
+    for result in results:
+        placed = plan.placed.get(result.chunk_id)
+        if placed is None:
+            continue
+        result.rank = len(kept) + 1
+        result.text = placed.text
+        result.text_tokens = placed.text_tokens
+        result.context.CopyFrom(
+            pb.Context(
+                before=placed.context.before,
+                after=placed.context.after,
+                chunk_ids=list(placed.context.chunk_ids),
+                tokens=placed.context_tokens,
+                truncated=placed.context_truncated,
+            )
+        )
+        kept.append(result)
+    return kept
+
+
+def _budget(plan: ContextPlan) -> pb.ContextBudget:
+    return pb.ContextBudget(
+        max_context_tokens=plan.max_tokens,
+        token_budget_used=plan.used,
+        tokenizer=plan.tokenizer,
+        cuts=[
+            pb.BudgetCut(
+                chunk_id=c.chunk_id,
+                action=_BUDGET_ACTIONS[c.action],
+                tokens_before=c.tokens_before,
+                tokens_after=c.tokens_after,
+            )
+            for c in plan.cuts
+        ],
+    )
 
 
 def _similar(chunk: RankedChunk, lead: Signature, tenant: str) -> pb.SimilarChunk:
@@ -393,6 +451,7 @@ def build_pack(
     attribute_fields: Sequence[str] = (),
     calibration: CalibrationInfo | None = None,
     lexical_details: Mapping[str, tuple[float, float]] | None = None,
+    context: ContextPlan | None = None,
 ) -> pb.EvidencePack:
     """Assemble the pack of a search that ran (status SUCCESS or NO_EVIDENCE).
 
@@ -402,11 +461,16 @@ def build_pack(
     what was actually asked of the store if it differs). `attribute_fields` are the payload
     fields copied into `Result.attributes` (e.g. the configured keyword filter fields).
     `calibration` names the evidence calibration that scored the candidates; `lexical_details`
-    maps chunk_id -> (normalised BM25, coverage) for the results' scores.
+    maps chunk_id -> (normalised BM25, coverage) for the results' scores. `context` is the
+    token budget's plan (`retrieval_api.context.plan_context` over `result_chunks`): results it
+    dropped are left out, texts it cut are cut, each result carries its context and the pack
+    its `context_budget`.
     """
     checked_at = _timestamp(retrieved_at)
-    walk = _verify_walk(ranking, verdicts, request.tenant, attribute_fields, lexical_details)
-    results = walk.results
+    walk = _verify_walk(ranking, verdicts)
+    results = _results(walk, request.tenant, attribute_fields, lexical_details)
+    if context is not None:
+        results = _fit(results, context)
     excluded = [_exclusion(item) for item in [*ranking.excluded, *walk.excluded]]
     if results and not any(
         r.scores.final >= ranking.thresholds.hard or r.matched_identifiers for r in results
@@ -464,6 +528,8 @@ def build_pack(
                 fitted_at=_timestamp(calibration.fitted_at),
             )
         )
+    if context is not None:
+        pack.context_budget.CopyFrom(_budget(context))
     _set_timings(pack, timings_ms)
     return pack
 

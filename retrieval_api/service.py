@@ -9,7 +9,7 @@ pool. Domain failures raise typed `RagstreamError`s that the servicer maps to st
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Protocol
@@ -21,23 +21,28 @@ from ragcore.publish import Publisher
 from ragcore.sor.base import SystemOfRecord
 from ragcore.sparse import Bm25Encoder
 from ragcore.store.base import VectorStore
+from ragcore.store.ids import point_id
 from ragcore.store.registry import IndexRegistry, ResolvedIndex
+from ragcore.tokenizers import load_token_counter
 from ragcore.tracing import Tracing
 from retrieval_api.audit import fingerprint_query, request_record, result_records
 from retrieval_api.candidates import CalibrationMismatchError, CandidateSearch, finish
 from retrieval_api.config import RetrievalConfig
+from retrieval_api.context import ContextPlan, context_of, neighbour_ids, plan_context
 from retrieval_api.evidence import (
     CalibrationInfo,
     IndexInfo,
+    Verdict,
     build_pack,
     entities_to_verify,
     reindex_requests,
+    result_chunks,
     verdicts_from_sor,
 )
 from retrieval_api.evidence_score import EvidenceCalibration
 from retrieval_api.metrics import RetrieveMetrics
 from retrieval_api.query_cache import QueryVectorCache
-from retrieval_api.ranking import ScoreKind, Thresholds, rank
+from retrieval_api.ranking import Ranking, ScoreKind, Thresholds, rank
 from retrieval_api.validate import ValidatedRequest
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 
@@ -236,6 +241,10 @@ class Retriever:
             states = self._sor.verify(request.tenant, ids) if ids else {}
             checked_at = self._clock()
             verdicts = verdicts_from_sor(ranking.to_verify, states)
+        context: ContextPlan | None = None
+        if request.max_context_tokens is not None:
+            with stage("context"):
+                context = self.context_plan(index, embedder, request, ranking, verdicts)
         with stage("evidence"):
             info = IndexInfo(
                 name=index.collection,
@@ -259,6 +268,7 @@ class Retriever:
                     h.chunk_id: (s.lexical.normalized, s.lexical.coverage)
                     for h, s in zip(raw.hits, raw.signals, strict=True)
                 },
+                context=context,
             )
         # the evidence stage ends after the pack copied the timings: record it and the total
         pack.timings_ms["evidence"] = timings["evidence"]
@@ -266,6 +276,37 @@ class Retriever:
         pack.trace_id = self.tracing.current_trace_id()
         self._after(pack, request, requested_at)
         return pack
+
+    def context_plan(
+        self,
+        index: ResolvedIndex,
+        embedder: Embedder,
+        request: ValidatedRequest,
+        ranking: Ranking,
+        verdicts: Mapping[str, Verdict],
+    ) -> ContextPlan:
+        """The token budget's plan for the results `build_pack` will return: their neighbouring
+        chunks read in one batch, everything counted with the index's model tokenizer."""
+        if request.max_context_tokens is None:
+            raise ValueError("the request sets no max_context_tokens")
+        leads = result_chunks(ranking, verdicts)
+        wanted = sorted({n for c in leads for n in neighbour_ids(c.chunk_id) if n is not None})
+        points = self._store.retrieve(
+            index.collection,
+            [point_id(request.tenant, c, index.version) for c in wanted],
+            request.tenant,
+            fields=["chunk_id", "text", "locator"],
+        )
+        neighbours = {str(p.payload.get("chunk_id")): p.payload for p in points}
+        counter = load_token_counter(embedder.spec.tokenizer)
+        return plan_context(
+            [
+                (c.chunk_id, str(c.payload.get("text", "")), context_of(c, neighbours))
+                for c in leads
+            ],
+            counter,
+            request.max_context_tokens,
+        )
 
     def _after(self, pack: pb.EvidencePack, request: ValidatedRequest, at: datetime) -> None:
         """Count, request reindexing of what the SoR check excluded, and audit."""

@@ -38,6 +38,7 @@ class ValidationCode(StrEnum):
     BAD_INDEX_VERSION = "BAD_INDEX_VERSION"
     INDEX_VERSION_ALIAS_REJECTED = "INDEX_VERSION_ALIAS_REJECTED"
     OVERRIDE_OUT_OF_BOUNDS = "OVERRIDE_OUT_OF_BOUNDS"
+    CONTEXT_BUDGET_OUT_OF_RANGE = "CONTEXT_BUDGET_OUT_OF_RANGE"
     BAD_REQUEST_ID = "BAD_REQUEST_ID"
     UNKNOWN_FILTER_FIELD = "UNKNOWN_FILTER_FIELD"
     BAD_FILTER_VALUE = "BAD_FILTER_VALUE"
@@ -75,6 +76,7 @@ class ValidatedRequest:
     candidate_k: int
     store_filter: StoreFilter  # tenant always the caller's
     min_similarity_override: float | None
+    max_context_tokens: int | None = None  # None: no context, no token budget
 
     def thresholds(self, config: RetrievalConfig, kind: ScoreKind) -> Thresholds:
         """The thresholds for `kind` with this request's override applied."""
@@ -206,6 +208,18 @@ def _override(req: RetrieveRequest, config: RetrievalConfig) -> float | None:
             code=ValidationCode.OVERRIDE_OUT_OF_BOUNDS,
         )
     return value
+
+
+def _context_budget(req: RetrieveRequest, config: RetrievalConfig) -> int | None:
+    if not req.HasField("max_context_tokens"):
+        return None
+    if not 1 <= req.max_context_tokens <= config.max_context_tokens:
+        raise RequestValidationError(
+            "max_context_tokens",
+            f"{req.max_context_tokens} is outside 1..{config.max_context_tokens}",
+            code=ValidationCode.CONTEXT_BUDGET_OUT_OF_RANGE,
+        )
+    return req.max_context_tokens
 
 
 def _strings(field: str, values: Iterable[str], config: RetrievalConfig) -> tuple[str, ...]:
@@ -354,6 +368,7 @@ def validate_request(
         candidate_k=config.candidate_k(top_k),
         store_filter=_store_filter(req, tenant, config),
         min_similarity_override=_override(req, config),
+        max_context_tokens=_context_budget(req, config),
     )
 
 

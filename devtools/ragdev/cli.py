@@ -78,6 +78,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         evalset,
         configs={n: DEFAULT_CONFIGS[n] for n in names},
         top_k=args.top_k,
+        max_context_tokens=args.max_context_tokens,
         calibrate=not args.no_calibrate,
         calibration=calibration,
         cache_dir=args.cache_dir,
@@ -223,6 +224,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--beir-dir", type=Path, default=None, help="faqs: keep the BEIR files written here"
+    )
+    p.add_argument(
+        "--max-context-tokens",
+        type=int,
+        default=None,
+        help="send this token budget with every query (results carry context; the report "
+        "gains context_p95_ms)",
     )
     p.add_argument(
         "--configs",

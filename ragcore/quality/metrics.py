@@ -38,6 +38,9 @@ Distinct evidence (`QueryRun.texts`: the text of each result, in rank order):
                            (`ragcore.textsim`: Jaccard of word 3-shingles, numbers masked,
                            >= 0.9) / top-5 slots filled, over every query that returned texts.
 
+Cost of the context step: context_p95_ms = the 95th percentile of the server's `context` stage
+time (`QueryRun.context_ms`), over the queries that sent a token budget.
+
 Latency percentiles use linear interpolation between closest ranks (numpy's default "linear"
 method, Excel's PERCENTILE.INC) over every query that reports a latency.
 """
@@ -90,7 +93,8 @@ class QueryRun:
     `from_chunk_ids` when only chunk ids are at hand. `latency_ms` is the client-side wall time.
     `scored` holds (entity id, evidence score) of every entity the pack scored (results first,
     then below-threshold exclusions), for the calibration metrics. `texts` are the results'
-    texts in rank order (for the near-duplicate share; empty when not collected).
+    texts in rank order (for the near-duplicate share; empty when not collected);
+    `context_ms` the server's time of the context (token budget) stage, when it ran.
     """
 
     query_id: str
@@ -101,6 +105,7 @@ class QueryRun:
     error_code: str | None = None
     scored: tuple[tuple[str, float], ...] = ()
     texts: tuple[str, ...] = ()
+    context_ms: float | None = None
 
     @classmethod
     def from_chunk_ids(
@@ -220,6 +225,7 @@ class QueryRow:
     calibration: tuple[tuple[float, int], ...] = ()
     #: (top-5 slots held by a near-duplicate of a better result, top-5 slots with a text)
     duplicate_slots: tuple[int, int] = (0, 0)
+    context_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable form."""
@@ -340,6 +346,7 @@ def evaluate_query(query: EvalQuery, run: QueryRun, ks: Sequence[int] = DEFAULT_
         top_entities=tuple(ranked[: max(ks)]),
         calibration=calibration,
         duplicate_slots=slots,
+        context_ms=run.context_ms,
     )
 
 
@@ -427,6 +434,8 @@ def aggregate(rows: Sequence[QueryRow], ks: Sequence[int] = DEFAULT_KS) -> dict[
     out[f"near_duplicate_share@{DUPLICATE_K}"] = _ratio(
         sum(r.duplicate_slots[0] for r in rows), sum(r.duplicate_slots[1] for r in rows)
     )
+    context = [r.context_ms for r in rows if r.context_ms is not None]
+    out["context_p95_ms"] = percentile(context, 95) if context else None
     latencies = [r.latency_ms for r in rows if r.latency_ms is not None]
     for q in LATENCY_PERCENTILES:
         out[f"latency_p{q}_ms"] = percentile(latencies, q) if latencies else None

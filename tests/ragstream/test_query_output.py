@@ -98,3 +98,50 @@ def test_a_document_result_is_cited_by_file_and_page() -> None:
     text = out.getvalue()
     assert "(entities:release-2-3, p100-datasheet.pdf p. 3, chars 120-180)" in text
     assert "(entities:kb-errors, Setup > Install, chars 0-0)" in text
+
+
+def test_duplicates_context_and_token_budget_are_shown() -> None:
+    doc = pack()
+    first = doc.results[0]
+    first.also_in.extend(
+        pb.SimilarChunk(chunk_id=f"entities:t{n}:chunk:0", entity_id=f"entities:t{n}")
+        for n in range(3)
+    )
+    first.text_tokens = 20
+    first.context.CopyFrom(
+        pb.Context(
+            before="## Fixes",
+            after="Upgrade by running acme upgrade --to 2.3.",
+            chunk_ids=["entities:release-2-3:chunk:1"],
+            tokens=14,
+            truncated=True,
+        )
+    )
+    doc.context_budget.CopyFrom(
+        pb.ContextBudget(
+            max_context_tokens=40,
+            token_budget_used=38,
+            tokenizer="hf-package:minilm",
+            cuts=[
+                pb.BudgetCut(chunk_id="x", action=pb.BUDGET_ACTION_CONTEXT_TRUNCATED),
+                pb.BudgetCut(chunk_id="y", action=pb.BUDGET_ACTION_RESULT_DROPPED),
+            ],
+        )
+    )
+    out = io.StringIO()
+    print_pack(doc, as_json=False, out=out)
+    text = out.getvalue()
+    assert "[matches e-2113]  +3 similar\n" in text
+    assert "context (14 tokens from entities:release-2-3:chunk:1, cut to fit):" in text
+    assert "      before: …## Fixes\n" in text
+    assert "      after:  Upgrade by running acme upgrade --to 2.3.…\n" in text
+    assert (
+        "token budget used: 38 of 40 (context_truncated 1, result_dropped 1) [hf-package:minilm]"
+        in text
+    )
+    assert "also in:" not in text
+    out = io.StringIO()
+    print_pack(doc, as_json=False, out=out, detail=True)
+    assert "    also in: entities:t0, entities:t1, entities:t2\n" in out.getvalue()
+    # below-threshold chunks are exclusions, never listed as results
+    assert text.count(". [order") == 2

@@ -258,3 +258,37 @@ def test_grpc_server_metrics_count_calls_by_status_code(stack: Stack) -> None:
     assert handled(requests, {"status": "FAILED", "code": "InvalidArgument"}) == 1
     for code in SERVER_ERROR_CODES:
         assert handled(requests, {"status": "FAILED", "code": code}) is None
+
+
+def test_near_duplicates_collapse_and_context_fits_the_token_budget(stack: Stack) -> None:
+    ticket = "Login fails with E-2113 (#{n})\n\nThe login page shows error E-2113. Account {n}."
+    for n in range(3):
+        stack.write(f"ent-ticket-{n}", "acme", ticket.format(n=100 + n), title=f"Ticket {n}")
+    filler = " ".join(
+        f"Step {i}: check the pump casing, the valves and the gauges." for i in range(60)
+    )
+    manual = f"{filler} The seal of the P-200 must be checked every 500 hours. {filler}"
+    stack.write("ent-manual", "acme", manual, title="P-200 manual")
+
+    pack = stack.retrieve("acme", "login error E-2113")
+    top = pack.results[0]
+    assert len(top.also_in) == 2 and pack.debug.collapsed == 2
+    tickets = {eid(f"ent-ticket-{n}") for n in range(3)}
+    assert {top.entity_id, *(s.entity_id for s in top.also_in)} == tickets
+    assert all(s.similarity == 1.0 for s in top.also_in)
+    assert not top.HasField("context") and not pack.HasField("context_budget")  # not asked
+
+    pack = stack.retrieve("acme", "how often is the P-200 seal checked?", max_context_tokens=400)
+    assert pack.status == pb.RETRIEVAL_STATUS_SUCCESS
+    top = pack.results[0]
+    assert top.entity_id == eid("ent-manual") and "500 hours" in top.text
+    budget = pack.context_budget
+    assert budget.max_context_tokens == 400 and 0 < budget.token_budget_used <= 400
+    assert budget.tokenizer.startswith("hf-package:")
+    assert top.context.chunk_ids and top.context.tokens > 0
+    # a chunk of <= 256 tokens and two neighbours of as many cannot fit in 400
+    assert top.context.truncated and top.text_tokens <= 256
+    used = sum(r.text_tokens + r.context.tokens for r in pack.results)
+    assert used == budget.token_budget_used
+    assert any(c.action == pb.BUDGET_ACTION_CONTEXT_TRUNCATED for c in budget.cuts)
+    assert "context" in pack.timings_ms

@@ -405,3 +405,14 @@ def test_fuzzed_requests_only_raise_validation_or_permission_errors(
             1 <= v.top_k <= CONFIG.max_top_k and v.top_k <= v.candidate_k <= CONFIG.max_candidate_k
         )
         assert 0 < len(v.query) <= CONFIG.max_query_chars and v.query == v.query.strip()
+
+
+def test_token_budget_is_absent_or_within_the_configured_maximum() -> None:
+    assert ok(make()).max_context_tokens is None
+    assert ok(make(max_context_tokens=2000)).max_context_tokens == 2000
+    small = RetrievalConfig(max_context_tokens=100)
+    assert ok(make(max_context_tokens=100), small).max_context_tokens == 100
+    for value, config in ((0, CONFIG), (101, small)):
+        err = invalid(make(max_context_tokens=value), config)
+        assert err.code == ValidationCode.CONTEXT_BUDGET_OUT_OF_RANGE
+        assert err.field == "max_context_tokens"

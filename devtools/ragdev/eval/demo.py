@@ -9,7 +9,8 @@ chunk that explains an identifier ranks above the tickets that only quote it.
 Judgments are derived from the generated corpus, not written by hand: for "what does error
 E-xxxx mean?" the release notes that list the fix of E-xxxx answer (grade 3) and the tickets
 quoting the code are related (grade 1); for a pump model's seal interval its datasheet answers
-(3), tickets about that pump's seal are related (1).
+(3), tickets about that pump's seal are related (1). The questions of `ragstream dev` are in
+it too: none of them may abstain.
 """
 
 from __future__ import annotations
@@ -99,6 +100,34 @@ def _seal_queries(entities: list[EvalEntity]) -> list[EvalQuery]:
     return queries
 
 
+def _example_queries(entities: list[EvalEntity]) -> list[EvalQuery]:
+    """The questions `ragstream dev` asks (`ragdev.dev.EXAMPLES`) that the identifier queries
+    above do not already cover: all must succeed."""
+    leaking = {
+        e.entity_id: 3
+        for e in entities
+        if e.entity_type == "TICKET" and e.title.startswith("Seal leaking")
+    }
+    return [
+        EvalQuery(
+            query_id="demo-example-refund",
+            text="If a client cancels a yearly plan after a few weeks, do they get money back?",
+            tenant="acme",
+            kind=QueryKind.PARAPHRASE,
+            answerable=True,
+            relevant={"acme-kb-refund-policy": 3, "acme-email-refund-bluefin": 2},
+        ),
+        EvalQuery(
+            query_id="demo-example-leaking-seal",
+            text="which customers reported a leaking seal?",
+            tenant="globex",
+            kind=QueryKind.KEYWORD,
+            answerable=True,
+            relevant=leaking,
+        ),
+    ]
+
+
 def demo_evalset() -> EvalSet:
     """The demo eval set (deterministic: the sample corpus is generated with fixed seeds)."""
     entities = _entities()
@@ -107,5 +136,7 @@ def demo_evalset() -> EvalSet:
         version=VERSION,
         description=__doc__ or "",
         entities=tuple(entities),
-        queries=tuple(_error_queries(entities) + _seal_queries(entities)),
+        queries=tuple(
+            _error_queries(entities) + _seal_queries(entities) + _example_queries(entities)
+        ),
     )

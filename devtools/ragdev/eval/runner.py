@@ -186,6 +186,7 @@ def run_eval(
     configs: Mapping[str, Mapping[str, Any]] | None = None,
     base: RetrievalConfig | None = None,
     top_k: int = 10,
+    max_context_tokens: int | None = None,
     data_dir: Path | None = None,
     embedder: Embedder | None = None,
     progress: bool = True,
@@ -194,7 +195,8 @@ def run_eval(
     cache_dir: Path | None = None,
 ) -> list[ConfigResult]:
     """Index `evalset` once, calibrate each tenant's index (unless `calibrate` is False: the
-    prior model then scores), then score every configuration through gRPC Retrieve.
+    prior model then scores), then score every configuration through gRPC Retrieve (with
+    `max_context_tokens` as every request's token budget when given).
     `cache_dir` keeps the embedding cache between runs."""
     configs = configs or DEFAULT_CONFIGS
     base = base or RetrievalConfig()
@@ -279,7 +281,7 @@ def run_eval(
                     retrieval=retrieval,
                 )
                 with _server(settings, store, model) as target:
-                    runs = _query_all(target, evalset, tokens, top_k)
+                    runs = _query_all(target, evalset, tokens, top_k, max_context_tokens)
                 results.append(ConfigResult(name, dict(overrides), evaluate(evalset, runs)))
                 if progress:
                     agg = results[-1].result.aggregates
@@ -305,7 +307,11 @@ def _fmt(value: float | None) -> str:
 
 
 def _query_all(
-    target: str, evalset: EvalSet, tokens: Mapping[str, str], top_k: int
+    target: str,
+    evalset: EvalSet,
+    tokens: Mapping[str, str],
+    top_k: int,
+    max_context_tokens: int | None = None,
 ) -> list[QueryRun]:
     runs = []
     with grpc.insecure_channel(target) as channel:
@@ -313,6 +319,8 @@ def _query_all(
         for n, q in enumerate(evalset.queries):
             # query ids (e.g. man page names like c++filt.1) need not be valid request ids
             request = pb.RetrieveRequest(query_text=q.text, top_k=top_k, request_id=f"eval-{n:06d}")
+            if max_context_tokens is not None:
+                request.max_context_tokens = max_context_tokens
             began = time.perf_counter()
             try:
                 pack = stub.Retrieve(
@@ -343,6 +351,7 @@ def _query_all(
                     latency_ms=elapsed,
                     scored=tuple(scored),
                     texts=tuple(r.text for r in pack.results),
+                    context_ms=pack.timings_ms.get("context"),
                 )
             )
     return runs

@@ -339,3 +339,16 @@ def test_near_duplicate_share_counts_top5_slots_repeating_a_better_text() -> Non
     # runs without texts leave the share undefined, never a made-up 0
     bare = evaluate(queries, [QueryRun("d1", Status.SUCCESS), QueryRun("d2", Status.SUCCESS)], KS)
     assert bare.aggregates["near_duplicate_share@5"] is None
+
+
+def test_context_p95_is_over_the_queries_that_sent_a_budget() -> None:
+    queries = [query(f"c{i}", QueryKind.KEYWORD, {"A": 3}) for i in range(3)]
+    runs = [
+        QueryRun("c0", Status.SUCCESS, context_ms=1.0),
+        QueryRun("c1", Status.SUCCESS, context_ms=3.0),
+        QueryRun("c2", Status.SUCCESS),
+    ]
+    result = evaluate(queries, runs, KS)
+    assert result.aggregates["context_p95_ms"] == pytest.approx(1.0 + 0.95 * 2.0)
+    without = evaluate(queries[:1], [QueryRun("c0", Status.SUCCESS)], KS)
+    assert without.aggregates["context_p95_ms"] is None

@@ -159,6 +159,36 @@ denied, so it is no evidence (and no reindex request is made).
 """
 Global___ExclusionReason: _TypeAlias = ExclusionReason  # noqa: Y015
 
+class _BudgetAction:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _BudgetActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BudgetAction.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    BUDGET_ACTION_UNSPECIFIED: _BudgetAction.ValueType  # 0
+    BUDGET_ACTION_TEXT_TRUNCATED: _BudgetAction.ValueType  # 1
+    """The result's own text was cut (only ever the first result, when it alone exceeds the budget)."""
+    BUDGET_ACTION_RESULT_DROPPED: _BudgetAction.ValueType  # 2
+    """The result did not fit after the better ones and was left out of `results`."""
+    BUDGET_ACTION_CONTEXT_TRUNCATED: _BudgetAction.ValueType  # 3
+    """Part of the result's context was cut."""
+    BUDGET_ACTION_CONTEXT_DROPPED: _BudgetAction.ValueType  # 4
+    """The result's context was left out entirely."""
+
+class BudgetAction(_BudgetAction, metaclass=_BudgetActionEnumTypeWrapper):
+    """What the token budget cut (`ContextBudget.cuts`)."""
+
+BUDGET_ACTION_UNSPECIFIED: BudgetAction.ValueType  # 0
+BUDGET_ACTION_TEXT_TRUNCATED: BudgetAction.ValueType  # 1
+"""The result's own text was cut (only ever the first result, when it alone exceeds the budget)."""
+BUDGET_ACTION_RESULT_DROPPED: BudgetAction.ValueType  # 2
+"""The result did not fit after the better ones and was left out of `results`."""
+BUDGET_ACTION_CONTEXT_TRUNCATED: BudgetAction.ValueType  # 3
+"""Part of the result's context was cut."""
+BUDGET_ACTION_CONTEXT_DROPPED: BudgetAction.ValueType  # 4
+"""The result's context was left out entirely."""
+Global___BudgetAction: _TypeAlias = BudgetAction  # noqa: Y015
+
 @_typing.final
 class StringList(_message.Message):
     """A list of strings (map values cannot be repeated fields)."""
@@ -259,6 +289,7 @@ class RetrieveRequest(_message.Message):
     FILTERS_FIELD_NUMBER: _builtins.int
     MIN_SIMILARITY_OVERRIDE_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    MAX_CONTEXT_TOKENS_FIELD_NUMBER: _builtins.int
     query_text: _builtins.str
     """The question; trimmed, NFC-normalized, bounded length, no control characters but \\t \\n \\r."""
     tenant: _builtins.str
@@ -273,6 +304,13 @@ class RetrieveRequest(_message.Message):
     """Replaces the hard threshold on the calibrated (evidence) score, within configured bounds."""
     request_id: _builtins.str
     """Caller's correlation id ([A-Za-z0-9._:-], at most 128 chars); generated when empty."""
+    max_context_tokens: _builtins.int
+    """Token budget of the pack's evidence text: the results' texts, then their `context`,
+    counted with the index's embedding model tokenizer. When set, each result carries the
+    neighbouring chunks of its entity as `context`, and whatever does not fit is truncated or
+    dropped before the pack is assembled (`EvidencePack.context_budget` says what). Absent: no
+    context and no budget (the behaviour of older clients). 1..the configured maximum.
+    """
     @_builtins.property
     def filters(self) -> Global___Filters: ...
     def __init__(
@@ -285,13 +323,16 @@ class RetrieveRequest(_message.Message):
         filters: Global___Filters | None = ...,
         min_similarity_override: _builtins.float | None = ...,
         request_id: _builtins.str = ...,
+        max_context_tokens: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_index_version", b"_index_version", "_min_similarity_override", b"_min_similarity_override", "_tenant", b"_tenant", "_top_k", b"_top_k", "filters", b"filters", "index_version", b"index_version", "min_similarity_override", b"min_similarity_override", "tenant", b"tenant", "top_k", b"top_k"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_index_version", b"_index_version", "_max_context_tokens", b"_max_context_tokens", "_min_similarity_override", b"_min_similarity_override", "_tenant", b"_tenant", "_top_k", b"_top_k", "filters", b"filters", "index_version", b"index_version", "max_context_tokens", b"max_context_tokens", "min_similarity_override", b"min_similarity_override", "tenant", b"tenant", "top_k", b"top_k"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_index_version", b"_index_version", "_min_similarity_override", b"_min_similarity_override", "_tenant", b"_tenant", "_top_k", b"_top_k", "filters", b"filters", "index_version", b"index_version", "min_similarity_override", b"min_similarity_override", "query_text", b"query_text", "request_id", b"request_id", "tenant", b"tenant", "top_k", b"top_k"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_index_version", b"_index_version", "_max_context_tokens", b"_max_context_tokens", "_min_similarity_override", b"_min_similarity_override", "_tenant", b"_tenant", "_top_k", b"_top_k", "filters", b"filters", "index_version", b"index_version", "max_context_tokens", b"max_context_tokens", "min_similarity_override", b"min_similarity_override", "query_text", b"query_text", "request_id", b"request_id", "tenant", b"tenant", "top_k", b"top_k"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__index_version: _TypeAlias = _typing.Literal["index_version"]  # noqa: Y015
     _WhichOneofArgType__index_version: _TypeAlias = _typing.Literal["_index_version", b"_index_version"]  # noqa: Y015
+    _WhichOneofReturnType__max_context_tokens: _TypeAlias = _typing.Literal["max_context_tokens"]  # noqa: Y015
+    _WhichOneofArgType__max_context_tokens: _TypeAlias = _typing.Literal["_max_context_tokens", b"_max_context_tokens"]  # noqa: Y015
     _WhichOneofReturnType__min_similarity_override: _TypeAlias = _typing.Literal["min_similarity_override"]  # noqa: Y015
     _WhichOneofArgType__min_similarity_override: _TypeAlias = _typing.Literal["_min_similarity_override", b"_min_similarity_override"]  # noqa: Y015
     _WhichOneofReturnType__tenant: _TypeAlias = _typing.Literal["tenant"]  # noqa: Y015
@@ -300,6 +341,8 @@ class RetrieveRequest(_message.Message):
     _WhichOneofArgType__top_k: _TypeAlias = _typing.Literal["_top_k", b"_top_k"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__index_version) -> _WhichOneofReturnType__index_version | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_context_tokens) -> _WhichOneofReturnType__max_context_tokens | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__min_similarity_override) -> _WhichOneofReturnType__min_similarity_override | None: ...
     @_typing.overload
@@ -516,6 +559,8 @@ class Result(_message.Message):
     ATTRIBUTES_FIELD_NUMBER: _builtins.int
     MATCHED_IDENTIFIERS_FIELD_NUMBER: _builtins.int
     ALSO_IN_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
+    TEXT_TOKENS_FIELD_NUMBER: _builtins.int
     rank: _builtins.int
     """1-based position in `results`."""
     chunk_id: _builtins.str
@@ -527,6 +572,8 @@ class Result(_message.Message):
     """Content hash of the entity version the chunk was made from (verified equal to the SoR's)."""
     source_reference: _builtins.str
     """Where the entity lives in the SoR."""
+    text_tokens: _builtins.int
+    """Tokens of `text` as returned (counted only when the request set `max_context_tokens`)."""
     @_builtins.property
     def scores(self) -> Global___Scores: ...
     @_builtins.property
@@ -552,6 +599,12 @@ class Result(_message.Message):
         SoR like the result. Empty when there are none or collapsing is off.
         """
 
+    @_builtins.property
+    def context(self) -> Global___Context:
+        """The neighbouring chunks of the same entity around `text` (only when the request set
+        `max_context_tokens`).
+        """
+
     def __init__(
         self,
         *,
@@ -569,14 +622,120 @@ class Result(_message.Message):
         attributes: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         matched_identifiers: _abc.Iterable[_builtins.str] | None = ...,
         also_in: _abc.Iterable[Global___SimilarChunk] | None = ...,
+        context: Global___Context | None = ...,
+        text_tokens: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event_date", b"event_date", "locator", b"locator", "scores", b"scores"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "event_date", b"event_date", "locator", b"locator", "scores", b"scores"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["also_in", b"also_in", "attributes", b"attributes", "chunk_id", b"chunk_id", "entity_id", b"entity_id", "entity_type", b"entity_type", "event_date", b"event_date", "locator", b"locator", "matched_identifiers", b"matched_identifiers", "rank", b"rank", "scores", b"scores", "source_hash", b"source_hash", "source_reference", b"source_reference", "text", b"text", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["also_in", b"also_in", "attributes", b"attributes", "chunk_id", b"chunk_id", "context", b"context", "entity_id", b"entity_id", "entity_type", b"entity_type", "event_date", b"event_date", "locator", b"locator", "matched_identifiers", b"matched_identifiers", "rank", b"rank", "scores", b"scores", "source_hash", b"source_hash", "source_reference", b"source_reference", "text", b"text", "text_tokens", b"text_tokens", "title", b"title"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Result: _TypeAlias = Result  # noqa: Y015
+
+@_typing.final
+class Context(_message.Message):
+    """Text around a result: the chunks before and after it in its entity, overlap removed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BEFORE_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    CHUNK_IDS_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    before: _builtins.str
+    """Text that precedes the result's text (the end of the previous chunk); may be cut at its start."""
+    after: _builtins.str
+    """Text that follows the result's text (the start of the next chunk); may be cut at its end."""
+    tokens: _builtins.int
+    """Tokens of `before` + `after`."""
+    truncated: _builtins.bool
+    """Part of the context was cut to fit the token budget."""
+    @_builtins.property
+    def chunk_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The chunks the context was taken from, in document order."""
+
+    def __init__(
+        self,
+        *,
+        before: _builtins.str = ...,
+        after: _builtins.str = ...,
+        chunk_ids: _abc.Iterable[_builtins.str] | None = ...,
+        tokens: _builtins.int = ...,
+        truncated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "before", b"before", "chunk_ids", b"chunk_ids", "tokens", b"tokens", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Context: _TypeAlias = Context  # noqa: Y015
+
+@_typing.final
+class BudgetCut(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNK_ID_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    TOKENS_BEFORE_FIELD_NUMBER: _builtins.int
+    TOKENS_AFTER_FIELD_NUMBER: _builtins.int
+    chunk_id: _builtins.str
+    action: Global___BudgetAction.ValueType
+    tokens_before: _builtins.int
+    """Tokens of the text or context before and after the cut."""
+    tokens_after: _builtins.int
+    def __init__(
+        self,
+        *,
+        chunk_id: _builtins.str = ...,
+        action: Global___BudgetAction.ValueType = ...,
+        tokens_before: _builtins.int = ...,
+        tokens_after: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "chunk_id", b"chunk_id", "tokens_after", b"tokens_after", "tokens_before", b"tokens_before"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BudgetCut: _TypeAlias = BudgetCut  # noqa: Y015
+
+@_typing.final
+class ContextBudget(_message.Message):
+    """The token budget of a request that set `max_context_tokens`: results' texts are placed
+    first, best first, then their contexts, best first, until the budget is used up.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_CONTEXT_TOKENS_FIELD_NUMBER: _builtins.int
+    TOKEN_BUDGET_USED_FIELD_NUMBER: _builtins.int
+    TOKENIZER_FIELD_NUMBER: _builtins.int
+    CUTS_FIELD_NUMBER: _builtins.int
+    max_context_tokens: _builtins.int
+    token_budget_used: _builtins.int
+    """Tokens of every returned result's text and context (<= max_context_tokens)."""
+    tokenizer: _builtins.str
+    """The tokenizer that counted, e.g. "hf:sentence-transformers/all-MiniLM-L6-v2"."""
+    @_builtins.property
+    def cuts(self) -> _containers.RepeatedCompositeFieldContainer[Global___BudgetCut]: ...
+    def __init__(
+        self,
+        *,
+        max_context_tokens: _builtins.int = ...,
+        token_budget_used: _builtins.int = ...,
+        tokenizer: _builtins.str = ...,
+        cuts: _abc.Iterable[Global___BudgetCut] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cuts", b"cuts", "max_context_tokens", b"max_context_tokens", "token_budget_used", b"token_budget_used", "tokenizer", b"tokenizer"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContextBudget: _TypeAlias = ContextBudget  # noqa: Y015
 
 @_typing.final
 class SimilarChunk(_message.Message):
@@ -815,6 +974,7 @@ class EvidencePack(_message.Message):
     EXCLUDED_FIELD_NUMBER: _builtins.int
     DEBUG_FIELD_NUMBER: _builtins.int
     TIMINGS_MS_FIELD_NUMBER: _builtins.int
+    CONTEXT_BUDGET_FIELD_NUMBER: _builtins.int
     TRACE_ID_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     status: Global___RetrievalStatus.ValueType
@@ -857,6 +1017,10 @@ class EvidencePack(_message.Message):
     def timings_ms(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Milliseconds per stage (e.g. validate, embed, search, rerank, verify, total)."""
 
+    @_builtins.property
+    def context_budget(self) -> Global___ContextBudget:
+        """Set when the request set `max_context_tokens`."""
+
     def __init__(
         self,
         *,
@@ -881,11 +1045,12 @@ class EvidencePack(_message.Message):
         excluded: _abc.Iterable[Global___Exclusion] | None = ...,
         debug: Global___DebugCounters | None = ...,
         timings_ms: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        context_budget: Global___ContextBudget | None = ...,
         trace_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_index_version", b"_index_version", "_min_score", b"_min_score", "calibration", b"calibration", "debug", b"debug", "error", b"error", "filters_applied", b"filters_applied", "index_version", b"index_version", "min_score", b"min_score"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_index_version", b"_index_version", "_min_score", b"_min_score", "calibration", b"calibration", "context_budget", b"context_budget", "debug", b"debug", "error", b"error", "filters_applied", b"filters_applied", "index_version", b"index_version", "min_score", b"min_score"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_index_version", b"_index_version", "_min_score", b"_min_score", "calibration", b"calibration", "confidence", b"confidence", "debug", b"debug", "embedding_model_version", b"embedding_model_version", "error", b"error", "excluded", b"excluded", "filters_applied", b"filters_applied", "index_name", b"index_name", "index_version", b"index_version", "min_score", b"min_score", "order_by", b"order_by", "request_id", b"request_id", "results", b"results", "results_returned", b"results_returned", "score_kind", b"score_kind", "similarity_metric", b"similarity_metric", "sources", b"sources", "status", b"status", "tenant", b"tenant", "timings_ms", b"timings_ms", "top_k_requested", b"top_k_requested", "trace_id", b"trace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_index_version", b"_index_version", "_min_score", b"_min_score", "calibration", b"calibration", "confidence", b"confidence", "context_budget", b"context_budget", "debug", b"debug", "embedding_model_version", b"embedding_model_version", "error", b"error", "excluded", b"excluded", "filters_applied", b"filters_applied", "index_name", b"index_name", "index_version", b"index_version", "min_score", b"min_score", "order_by", b"order_by", "request_id", b"request_id", "results", b"results", "results_returned", b"results_returned", "score_kind", b"score_kind", "similarity_metric", b"similarity_metric", "sources", b"sources", "status", b"status", "tenant", b"tenant", "timings_ms", b"timings_ms", "top_k_requested", b"top_k_requested", "trace_id", b"trace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__index_version: _TypeAlias = _typing.Literal["index_version"]  # noqa: Y015
     _WhichOneofArgType__index_version: _TypeAlias = _typing.Literal["_index_version", b"_index_version"]  # noqa: Y015
