@@ -15,10 +15,6 @@ import zlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-import docx
-import openpyxl
-from pypdf import PdfReader, PdfWriter
-
 _PAGE_W, _PAGE_H = 612, 792  # US Letter in points
 _LINE_H = 14
 _MARGIN = 72
@@ -90,6 +86,9 @@ def pdf_bytes(pages: Sequence[Sequence[str]], *, title: str = "", compress: bool
 
 def encrypted_pdf_bytes(pages: Sequence[Sequence[str]], password: str = "secret") -> bytes:
     """The same PDF encrypted with a user password (RC4-128: no crypto library needed)."""
+    # here: `ragstream sor` imports this module and must answer at once
+    from pypdf import PdfReader, PdfWriter  # noqa: PLC0415
+
     writer = PdfWriter(clone_from=PdfReader(io.BytesIO(pdf_bytes(pages))))
     writer.encrypt(user_password=password, owner_password=password + "-owner", algorithm="RC4-128")
     out = io.BytesIO()
@@ -100,6 +99,8 @@ def encrypted_pdf_bytes(pages: Sequence[Sequence[str]], password: str = "secret"
 def docx_bytes(blocks: Sequence[tuple[str, str]]) -> bytes:
     """A DOCX from `(kind, text)` blocks: kind `h1`..`h3` for headings, `p` for paragraphs,
     `table` for a table given as rows joined by newlines and cells by ` | `."""
+    import docx  # noqa: PLC0415 - `ragstream sor` imports this module
+
     document = docx.Document()
     document.core_properties.created = datetime(2026, 1, 1, tzinfo=UTC)
     for kind, text in blocks:
@@ -120,6 +121,8 @@ def docx_bytes(blocks: Sequence[tuple[str, str]]) -> bytes:
 
 def xlsx_bytes(sheets: Sequence[tuple[str, Sequence[Sequence[object]]]]) -> bytes:
     """An XLSX with one sheet per `(title, rows)`; the first row is the header."""
+    import openpyxl  # noqa: PLC0415 - it imports numpy, which `ragstream sor` must not pay for
+
     workbook = openpyxl.Workbook()
     workbook.remove(workbook.worksheets[0])
     for title, rows in sheets:
