@@ -21,7 +21,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
-from ragcore.documents import DocumentSource
 from ragcore.kafka_config import KafkaSettings
 from ragcore.mapping import TableMapping
 from ragcore.plan import PlanConfig
@@ -29,6 +28,7 @@ from ragcore.settings import SorSettings, StoreSettings
 from ragcore.store.base import StoreFilter, VectorStore
 from ragcore.wiring import build_store, payload_schema
 from ragdev.docgen import docx_bytes, encrypted_pdf_bytes, pdf_bytes
+from ragdev.sample_documents import DOCUMENTS_TABLE
 from ragdev.services.debezium import DebeziumConnect, PostgresSource
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
@@ -58,20 +58,13 @@ PROCEDURE = docx_bytes(
 
 
 def documents_table(schema: str) -> TableMapping:
-    return TableMapping(
-        table=f"{schema}.documents",
-        key_columns=("id",),
-        tenant_column="company_id",
-        type_column=None,
-        default_entity_type="DOCUMENT",
-        title_column="title",
-        metadata_column=None,
-        content_hash_column=None,
-        created_at_column=None,
-        deleted_at_column=None,
-        document=DocumentSource(
-            column="body", mime_type_column="mime_type", name_column="file_name"
-        ),
+    """The sample corpus's documents table in this test's schema (no created/deleted columns)."""
+    return DOCUMENTS_TABLE.model_copy(
+        update={
+            "table": f"{schema}.documents",
+            "created_at_column": None,
+            "deleted_at_column": None,
+        }
     )
 
 

@@ -10,29 +10,18 @@ from typing import Any
 
 import pytest
 
-from ragcore.documents import DocumentSource
 from ragcore.embedders.local_onnx import MINILM_SPEC
 from ragcore.errors import DocumentError
-from ragcore.mapping import TableMapping
 from ragcore.plan import Action, PlanConfig, plan_event
 from ragcore.prepare import Preparer
 from ragdev.docgen import docx_bytes, encrypted_pdf_bytes, pdf_bytes, xlsx_bytes
+from ragdev.sample_documents import DOCUMENTS_TABLE
 from schemas.entities import ContentFormat, Entity
 from schemas.events import ChangeEvent, Op, RecordKind, RecordPosition, SourceInfo
 
 pytestmark = pytest.mark.unit
 
-DOCUMENTS = TableMapping(
-    table="public.documents",
-    key_columns=("id",),
-    tenant_column="company_id",
-    type_column=None,
-    default_entity_type="DOCUMENT",
-    title_column="title",
-    metadata_column=None,
-    content_hash_column=None,
-    document=DocumentSource(column="body", mime_type_column="mime_type", name_column="file_name"),
-)
+DOCUMENTS = DOCUMENTS_TABLE  # the sample corpus's: file in `body`, MIME type, file name
 CONFIG = PlanConfig(tables=(DOCUMENTS,))
 DATASHEET = pdf_bytes(
     [
