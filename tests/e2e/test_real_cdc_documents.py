@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
+from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
@@ -142,6 +143,11 @@ def stack(
     dbz.start()
     try:
         plan = PlanConfig(tables=(documents_table(schema),), topic_prefix=prefix)
+        admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
+        eventually(
+            lambda: set(plan.catalog.topics()) <= set(admin.list_topics(timeout=5).topics),
+            "Debezium created the documents topic",
+        )
         dlq, group = f"{prefix}.dlq", f"ingest-{suffix}"
         create_topics(kafka_broker.bootstrap_servers, dlq, partitions=1)
         data_dir = tmp_path_factory.mktemp("store")
@@ -165,6 +171,7 @@ def stack(
                 store=StoreSettings(data_dir=data_dir),
                 sor=sor,
                 plan=plan,
+                publish_enabled=False,  # no audit or reindex topic in this test
             ),
             CollectorRegistry(),
             store=store,
