@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ragcore.documents import REASONS
+
 #: Stage latencies are short except embedding; buckets cover 0.5 ms .. 60 s.
 _STAGE_BUCKETS = (
     0.0005,
@@ -42,6 +44,7 @@ DLQ_CODES = (
     "RECORD_TOO_LARGE",
     "CHUNKING_ERROR",
     "BAD_REINDEX_REQUEST",
+    *REASONS,  # documents that yield no text (ragcore.documents)
 )
 _FRESHNESS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120, 300, 900, 3600)
 

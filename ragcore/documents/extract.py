@@ -15,7 +15,7 @@ import csv
 import io
 import zipfile
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 #: Reason codes of documents that cannot be indexed (DLQ code and metric label).
@@ -88,7 +88,6 @@ class ExtractedDocument:
     fmt: str
     segments: tuple[Segment, ...]
     pages: int
-    warnings: tuple[str, ...] = field(default=())
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,10 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
+from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
-from ragcore.documents import DocumentSource
 from ragcore.kafka_config import KafkaSettings
 from ragcore.mapping import TableMapping
 from ragcore.plan import PlanConfig
@@ -29,6 +29,7 @@ from ragcore.settings import SorSettings, StoreSettings
 from ragcore.store.base import StoreFilter, VectorStore
 from ragcore.wiring import build_store, payload_schema
 from ragdev.docgen import docx_bytes, encrypted_pdf_bytes, pdf_bytes
+from ragdev.sample_documents import DOCUMENTS_TABLE
 from ragdev.services.debezium import DebeziumConnect, PostgresSource
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
@@ -58,20 +59,13 @@ PROCEDURE = docx_bytes(
 
 
 def documents_table(schema: str) -> TableMapping:
-    return TableMapping(
-        table=f"{schema}.documents",
-        key_columns=("id",),
-        tenant_column="company_id",
-        type_column=None,
-        default_entity_type="DOCUMENT",
-        title_column="title",
-        metadata_column=None,
-        content_hash_column=None,
-        created_at_column=None,
-        deleted_at_column=None,
-        document=DocumentSource(
-            column="body", mime_type_column="mime_type", name_column="file_name"
-        ),
+    """The sample corpus's documents table in this test's schema (no created/deleted columns)."""
+    return DOCUMENTS_TABLE.model_copy(
+        update={
+            "table": f"{schema}.documents",
+            "created_at_column": None,
+            "deleted_at_column": None,
+        }
     )
 
 
@@ -149,6 +143,11 @@ def stack(
     dbz.start()
     try:
         plan = PlanConfig(tables=(documents_table(schema),), topic_prefix=prefix)
+        admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
+        eventually(
+            lambda: set(plan.catalog.topics()) <= set(admin.list_topics(timeout=5).topics),
+            "Debezium created the documents topic",
+        )
         dlq, group = f"{prefix}.dlq", f"ingest-{suffix}"
         create_topics(kafka_broker.bootstrap_servers, dlq, partitions=1)
         data_dir = tmp_path_factory.mktemp("store")
@@ -172,6 +171,7 @@ def stack(
                 store=StoreSettings(data_dir=data_dir),
                 sor=sor,
                 plan=plan,
+                publish_enabled=False,  # no audit or reindex topic in this test
             ),
             CollectorRegistry(),
             store=store,

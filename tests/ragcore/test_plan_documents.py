@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,26 +14,16 @@ import pytest
 from ragcore.documents import DocumentSource
 from ragcore.embedders.local_onnx import MINILM_SPEC
 from ragcore.errors import DocumentError
-from ragcore.mapping import TableMapping
 from ragcore.plan import Action, PlanConfig, plan_event
 from ragcore.prepare import Preparer
 from ragdev.docgen import docx_bytes, encrypted_pdf_bytes, pdf_bytes, xlsx_bytes
+from ragdev.sample_documents import DOCUMENTS_TABLE
 from schemas.entities import ContentFormat, Entity
 from schemas.events import ChangeEvent, Op, RecordKind, RecordPosition, SourceInfo
 
 pytestmark = pytest.mark.unit
 
-DOCUMENTS = TableMapping(
-    table="public.documents",
-    key_columns=("id",),
-    tenant_column="company_id",
-    type_column=None,
-    default_entity_type="DOCUMENT",
-    title_column="title",
-    metadata_column=None,
-    content_hash_column=None,
-    document=DocumentSource(column="body", mime_type_column="mime_type", name_column="file_name"),
-)
+DOCUMENTS = DOCUMENTS_TABLE  # the sample corpus's: file in `body`, MIME type, file name
 CONFIG = PlanConfig(tables=(DOCUMENTS,))
 DATASHEET = pdf_bytes(
     [
@@ -152,3 +143,29 @@ def test_a_table_with_a_document_reads_its_columns_not_content() -> None:
     columns = DOCUMENTS.columns()
     assert "content" not in columns
     assert {"body", "mime_type", "file_name"} <= set(columns)
+
+
+def test_a_reference_column_is_hashed_by_the_file_it_names(
+    preparer: Preparer, tmp_path: Path
+) -> None:
+    (tmp_path / "sheets").mkdir()
+    path = tmp_path / "sheets" / "gx.pdf"
+    path.write_bytes(DATASHEET)
+    table = DOCUMENTS.model_copy(
+        update={
+            "document": DocumentSource(column="body", kind="reference", root=tmp_path),
+        }
+    )
+    config = PlanConfig(tables=(table,))
+
+    def entity(**row: Any) -> Entity:
+        plan = plan_event(event("sheets/gx.pdf", **row), config, preparer.content_hash)
+        assert plan.entity is not None
+        return plan.entity
+
+    first = entity(file_name=None)
+    assert first.content_hash == hashlib.sha256(DATASHEET).hexdigest()
+    assert first.metadata["document_name"] == "gx.pdf"  # the reference's file name
+    assert entity(title="renamed", file_name=None).content_hash == first.content_hash
+    path.write_bytes(pdf_bytes([["A new revision of the datasheet."]]))
+    assert entity(file_name=None).content_hash != first.content_hash  # same row, new file

@@ -84,8 +84,17 @@ def test_status_reads_a_running_stack_and_exits_non_zero_on_a_breach(
             "query", "--target", f"127.0.0.1:{running_dev.dev.grpc}", "--token", "nope", "x"
         )
         assert bad.returncode != 0
+    target = ("--target", f"127.0.0.1:{running_dev.dev.grpc}")
+    for _ in range(3):  # a valid caller's malformed requests: INVALID_ARGUMENT
+        malformed = running_dev.run(
+            "query", *target, "--tenant", "acme", "--data-dir", str(running_dev.dev.data_dir), " "
+        )
+        assert malformed.returncode != 0 and "INVALID_ARGUMENT" in malformed.stderr
     # since start, the figures include the stack's first load (a backfill) and first queries
-    generous = ("--slo-retrieve-p95", "30", "--slo-freshness-p95", "600")
+    generous = (
+        *("--slo-retrieve-p95", "30", "--slo-freshness-p95", "600"),
+        *("--slo-backlog-age", "600"),  # a loaded machine's batch may be in flight
+    )
     healthy = running_dev.run("status", "--metrics", url, "--window", "0", "--json", *generous)
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
     rows = {r["name"]: r for r in json.loads(healthy.stdout)["rows"]}
@@ -95,8 +104,10 @@ def test_status_reads_a_running_stack_and_exits_non_zero_on_a_breach(
     assert rows["Retrieve server error rate"]["note"].endswith("calls since start")
     assert rows["DLQ records"]["value"] == 0
     assert rows["reconcile drift"]["shown"] in ("0", NOT_EXPORTED, "no data")
-    for name in ("backlog age", "consumer lag"):  # issue 25 item 3, exported or not
-        assert rows[name]["shown"] == NOT_EXPORTED or rows[name]["value"] is not None
+    for name in ("backlog age", "consumer lag"):  # the worker's own (issue 25 item 3)
+        assert rows[name]["value"] is not None, rows[name]
+    assert rows["consumer lag"]["note"].endswith("partitions")
+    assert rows["Retrieve client errors"]["value"] >= 3  # counted apart from server errors
     assert not [r for r in rows.values() if r["breached"]]
 
     breached = running_dev.run(
@@ -106,6 +117,8 @@ def test_status_reads_a_running_stack_and_exits_non_zero_on_a_breach(
         "--window",
         "1",
         "--slo-freshness-p95",
+        "600",
+        "--slo-backlog-age",
         "600",
         "--slo-retrieve-p95",
         "0.000001",
@@ -179,6 +192,8 @@ def test_status_reads_a_prometheus_that_scrapes_the_stack(
             "30",
             "--slo-freshness-p95",
             "600",
+            "--slo-backlog-age",
+            "600",
         )
         assert result.returncode == 0, result.stdout + result.stderr
         rows = {r["name"]: r for r in json.loads(result.stdout)["rows"]}
@@ -193,6 +208,8 @@ def test_status_reads_a_prometheus_that_scrapes_the_stack(
             "--slo-retrieve-p95",
             "0.000001",
             "--slo-freshness-p95",
+            "600",
+            "--slo-backlog-age",
             "600",
         )
         assert strict.returncode == 1 and "SLO breached: Retrieve p95" in strict.stdout

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ragcore.documents import DocumentSource
 from ragcore.kafka_config import KafkaSettings
 from ragcore.mapping import TableMapping
 from ragcore.plan import PlanConfig
@@ -20,6 +19,7 @@ from ragcore.settings import StoreSettings
 from ragcore.store.base import StoreFilter
 from ragcore.store.edge import EdgeStore
 from ragdev.docgen import docx_bytes, encrypted_pdf_bytes, pdf_bytes
+from ragdev.sample_documents import DOCUMENTS_TABLE
 from ragdev.services.tansu import TansuBroker
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.events import Op
@@ -48,21 +48,8 @@ DATASHEET = pdf_bytes(
 
 
 def documents_table(topic: str) -> TableMapping:
-    return TableMapping(
-        table="public.documents",
-        topic=topic,
-        key_columns=("id",),
-        tenant_column="company_id",
-        type_column=None,
-        default_entity_type="DOCUMENT",
-        title_column="title",
-        metadata_column=None,
-        content_hash_column=None,
-        updated_at_column=None,
-        created_at_column=None,
-        deleted_at_column=None,
-        document=DocumentSource(column="body", name_column="file_name"),
-    )
+    """The sample corpus's documents table on this test's topic."""
+    return DOCUMENTS_TABLE.model_copy(update={"topic": topic})
 
 
 @pytest.fixture
