@@ -25,8 +25,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from ragcore.errors import RagstreamError
 
 __all__ = [
@@ -163,6 +161,9 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
 
 def parse(text: str) -> Samples:
     """The samples of one Prometheus text exposition."""
+    # here, not at the top: the command line builds `status`'s options from this module
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
     samples = Samples()
     for family in text_string_to_metric_families(text):
         samples.declared.add(family.name)

@@ -25,7 +25,6 @@ from ragcore.store.registry import IndexRegistry, ResolvedIndex
 from ragcore.tracing import Tracing
 from retrieval_api.audit import fingerprint_query, request_record, result_records
 from retrieval_api.candidates import CalibrationMismatchError, CandidateSearch, finish
-from retrieval_api.config import RetrievalConfig
 from retrieval_api.evidence import (
     CalibrationInfo,
     IndexInfo,
@@ -36,6 +35,7 @@ from retrieval_api.evidence import (
 )
 from retrieval_api.evidence_score import EvidenceCalibration
 from retrieval_api.metrics import RetrieveMetrics
+from retrieval_api.pipeline_settings import RetrievalConfig
 from retrieval_api.query_cache import QueryVectorCache
 from retrieval_api.ranking import ScoreKind, Thresholds, rank
 from retrieval_api.validate import ValidatedRequest
