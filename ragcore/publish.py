@@ -37,7 +37,7 @@ class KafkaPublisher:
     """`Publisher` over an idempotent confluent-kafka producer with a background poller."""
 
     def __init__(self, kafka: KafkaSettings, registry: CollectorRegistry) -> None:
-        self._producer = Producer(
+        self._producer: Producer | None = Producer(
             {**kafka.client_config(), "enable.idempotence": True, "linger.ms": 20}
         )
         self.sent = Counter(
@@ -57,8 +57,9 @@ class KafkaPublisher:
         self._poller.start()
 
     def _poll(self) -> None:
-        while not self._stop.is_set():
-            self._producer.poll(0.2)
+        producer = self._producer
+        while producer is not None and not self._stop.is_set():
+            producer.poll(0.2)
 
     def publish(self, topic: str, key: str, record: Mapping[str, Any]) -> None:
         """Queue a JSON record; delivery is reported by callback."""
@@ -71,6 +72,10 @@ class KafkaPublisher:
                 log.error("could not deliver a record to %s: %s", topic, err)
 
         value = json.dumps(record, sort_keys=True, default=str).encode()
+        if self._producer is None:
+            self.failures.labels(topic).inc()
+            log.error("could not queue a record for %s: the publisher is closed", topic)
+            return
         try:
             self._producer.produce(topic, key=key.encode(), value=value, on_delivery=delivered)
         except (BufferError, KafkaException) as exc:
@@ -78,9 +83,14 @@ class KafkaPublisher:
             log.error("could not queue a record for %s: %s", topic, exc)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Flush and stop the poller."""
+        """Flush, stop the poller and release the producer (its connections close now, not
+        when it is collected: a shutdown that stops the broker next logs no refused
+        reconnects). Idempotent."""
         self._stop.set()
         self._poller.join(2)
-        remaining = self._producer.flush(timeout_s)
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        remaining = producer.flush(timeout_s)
         if remaining:
             log.error("%d records were not delivered before shutdown", remaining)

@@ -158,48 +158,43 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from ragcore.embedders import build_embedder
     from ragcore.embedding_models import EmbeddingModels
-    from ragcore.rerankers import build_reranker
-    from ragcore.sparse import Bm25Encoder
-    from ragcore.wiring import build_registry, open_store, payload_schema
+    from ragcore.rerankers import RerankerAdapter, build_reranker
+    from ragcore.wiring import build_core, open_store, payload_schema
     from retrieval_api.calibration import CalibrationSettings, calibrate_version
     from retrieval_api.candidates import CandidateSearch
     from retrieval_api.settings import RetrieveSettings
 
     settings = RetrieveSettings()
+    # the store a live process holds (ragstream dev), else the configured one; the rest is
+    # wired by the one builder, as Retrieve wires it
     store = open_store(settings.store, payload_schema(settings.plan))
     owned: list[Any] = [store]
     try:
-        registry = build_registry(settings.store, store)
-        index = registry.lookup(args.tenant, args.version)
-        primary = build_embedder(settings.embedder)
-        owned.append(primary)
-        others = []
-        if settings.next_embedder is not None:
-            others.append(build_embedder(settings.next_embedder))
-            owned.append(others[-1])
-        encoder = Bm25Encoder()
-        embedder = EmbeddingModels(primary, others).for_manifest(
-            index.manifest, encoder.model_version
+        core = build_core(settings, store=store)
+        owned.append(core)
+        index = core.registry.lookup(args.tenant, args.version)
+        others = [core.next_embedder] if core.next_embedder is not None else []
+        embedder = EmbeddingModels(core.embedder, others).for_manifest(
+            index.manifest, core.sparse.model_version
         )
-        reranker = None
+        reranker: RerankerAdapter | None = None
         if settings.retrieval.rerank_enabled and settings.reranker is not None:
             reranker = build_reranker(settings.reranker)
             owned.append(reranker)
         search = CandidateSearch(
             config=settings.retrieval,
-            encoder=encoder,
-            store=store,
-            registry=registry,
+            encoder=core.sparse,
+            store=core.store,
+            registry=core.registry,
             rerank=reranker.score if reranker is not None else None,
         )
         calibration = calibrate_version(
             search,
-            registry,
+            core.registry,
             index,
             embedder,
-            store,
+            core.store,
             settings=CalibrationSettings(
                 positives=args.queries,
                 negatives=args.queries,
@@ -284,7 +279,7 @@ def _cmd_reindex(args: argparse.Namespace) -> int:
     from ragstream.parity import ParitySettings
     from ragstream.reindex import ReindexOptions, calibrate_with, reindex, retriever_search
     from retrieval_api.metrics import RetrieveMetrics
-    from retrieval_api.service import Retriever
+    from retrieval_api.retriever import Retriever
     from retrieval_api.settings import RetrieveSettings
     from streams.app import build_worker
     from streams.settings import IngestSettings

@@ -56,7 +56,7 @@ from ragstream.parity import (
     parity_check,
 )
 from retrieval_api.calibration import calibrate_version
-from retrieval_api.service import Retriever
+from retrieval_api.retriever import Retriever
 from retrieval_api.validate import validate_request
 from schemas.entities import Entity
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb

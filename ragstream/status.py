@@ -161,9 +161,11 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
 
 def parse(text: str) -> Samples:
     """The samples of one Prometheus text exposition."""
+    # here, not at the top: the command line builds `status`'s options from this module
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
     samples = Samples()
     # here, not at the top: the CLI imports this module for its defaults on every command
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
     for family in text_string_to_metric_families(text):
         samples.declared.add(family.name)

@@ -23,10 +23,10 @@ from ragcore.tracing import Tracing
 from ragcore.wiring import Closable, build_core
 from retrieval_api.admission import TenantAdmission
 from retrieval_api.auth import Authenticator
+from retrieval_api.grpc_server import RetrieveServer
 from retrieval_api.metrics import RetrieveMetrics
 from retrieval_api.processes import RetrieveProcesses
-from retrieval_api.server import RetrieveServer
-from retrieval_api.service import Retriever
+from retrieval_api.retriever import Retriever
 from retrieval_api.settings import RetrieveSettings
 
 log = logging.getLogger(__name__)

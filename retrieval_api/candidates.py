@@ -33,13 +33,13 @@ from ragcore.fusion import FusedHit
 from ragcore.sparse import Bm25Encoder, Bm25Scorer, LexicalQuery, LexiconStats
 from ragcore.store.base import ScoredHit, StoreFilter, VectorStore
 from ragcore.store.registry import IndexRegistry, ResolvedIndex
-from retrieval_api.config import RetrievalConfig
 from retrieval_api.evidence_score import (
     CalibrationError,
     EvidenceCalibration,
     RankingChoice,
     Signals,
 )
+from retrieval_api.pipeline_settings import RetrievalConfig
 from retrieval_api.prior import prior_calibration
 from retrieval_api.ranking import Candidate, explains
 

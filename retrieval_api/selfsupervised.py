@@ -14,7 +14,7 @@ Positives (the chunk the query was built from answers it):
 - `identifier`: an identifier of the chunk (error code, ticket or part number), bare or in a
   question template; every chunk holding it answers.
 Negatives (nothing in the index answers them):
-- `background`: questions from another source (`retrieval_api.background`);
+- `background`: questions from another source (`retrieval_api.calibration_questions`);
 - `absent_focus`: a question frame around a focus word the index does not contain (from the
   background questions) and a common word of the corpus: near-domain questions it cannot answer;
 - `mixture`: the characteristic words of two unrelated chunks in one question frame;
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ragcore.sparse import Bm25Encoder, LexiconStats, is_identifier
-from retrieval_api.background import BACKGROUND_QUESTIONS
+from retrieval_api.calibration_questions import BACKGROUND_QUESTIONS
 from retrieval_api.synonyms import neighbours
 
 _SENTENCE = re.compile(r"[^.!?\n]+")

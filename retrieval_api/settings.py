@@ -12,7 +12,7 @@ from ragcore.rerankers.http import HttpRerankerConfig
 from ragcore.rerankers.onnx_cross_encoder import OnnxRerankerConfig
 from ragcore.settings import ServiceSettings
 from retrieval_api.admission import AdmissionSettings
-from retrieval_api.config import RetrievalConfig
+from retrieval_api.pipeline_settings import RetrievalConfig
 
 #: The reranker stage's adapter, told apart by `kind` ("http" | "onnx").
 RerankerSettings = Annotated[HttpRerankerConfig | OnnxRerankerConfig, Field(discriminator="kind")]

@@ -5,7 +5,7 @@ semantic conventions (`rpc.system`, `rpc.service`, `rpc.method`, `rpc.grpc.statu
 The span status is ERROR for server-side failures only (UNKNOWN, DEADLINE_EXCEEDED,
 UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS), as the conventions ask of servers: a client's
 bad request is not an error of this service. The pipeline's stage spans are its children
-(`retrieval_api/service.py`); the servicer runs the pipeline in a worker thread with a copy of
+(`retrieval_api/retriever.py`); the servicer runs the pipeline in a worker thread with a copy of
 the call's context, which carries the current span there.
 """
 

@@ -22,7 +22,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from ragcore.errors import RagstreamError
 from ragcore.store.base import EVENT_DATE, PayloadValue, Range, StoreFilter
 from ragcore.store.ids import validate_tenant
-from retrieval_api.config import RetrievalConfig
+from retrieval_api.pipeline_settings import RetrievalConfig
 from retrieval_api.ranking import ScoreKind, Thresholds
 from schemas.proto.ragstream.retrieval.v1.retrieval_pb2 import RetrieveRequest
 

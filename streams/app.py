@@ -24,13 +24,13 @@ from ragcore.store.registry import IndexRegistry
 from ragcore.tracing import Tracing
 from ragcore.wiring import Closable, build_core, new_tenant_placement, payload_schema
 from schemas.events import ChangeEvent, RawRecord
+from streams.adapters import RegistryTargets, SorRows
 from streams.consumer import ConsumerLoop, install_signal_handlers
 from streams.decode import DecodeOptions, decode_record
 from streams.ingest import IngestHandler
 from streams.metrics import IngestMetrics
 from streams.reconcile import ReconcileMetrics, ReconcileReport, reconcile
 from streams.settings import IngestSettings
-from streams.wiring import RegistryTargets, SorRows
 
 log = logging.getLogger(__name__)
 

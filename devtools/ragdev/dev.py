@@ -54,7 +54,7 @@ from ragdev.stack import DEV_PLAN, STACK_FILE
 from ragstream.query import QueryError, print_pack, query
 from ragstream.reindex import calibrate_with
 from retrieval_api.app import build_app
-from retrieval_api.service import Retriever
+from retrieval_api.retriever import Retriever
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from streams.app import build_worker
 from streams.consumer import ConsumerConfig

@@ -14,7 +14,6 @@ from typing import Any
 
 from ragcore.documents import DocumentSource
 from ragcore.mapping import TableMapping
-from ragdev.docgen import csv_bytes, docx_bytes, pdf_bytes, xlsx_bytes
 
 #: The mapping of the `documents` table (a binary column, its MIME type in a column).
 DOCUMENTS_TABLE = TableMapping(
@@ -87,11 +86,16 @@ DPA_PAGES = [
 
 def gx950_datasheet() -> bytes:
     """The GX-950 datasheet PDF (five pages, one topic each)."""
+    from ragdev.docgen import pdf_bytes  # noqa: PLC0415 - the document libraries load on use
+
     return pdf_bytes(GX950_PAGES, title="GX-950 datasheet")
 
 
 def sample_files() -> list[dict[str, Any]]:
     """The `documents` rows of the sample corpus."""
+    # the document libraries load on use: `ragstream sor` reads the tables, not the files
+    from ragdev.docgen import csv_bytes, docx_bytes, pdf_bytes, xlsx_bytes  # noqa: PLC0415
+
     procedure = docx_bytes(
         [
             ("h1", "Mechanical seal change on GX pumps"),

@@ -13,6 +13,7 @@ import argparse
 import json
 import logging
 import resource
+import signal
 import struct
 import sys
 from typing import IO, Any
@@ -87,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ragcore.documents.child")
     parser.add_argument("--memory-mb", type=int, required=True)
     args = parser.parse_args(argv)
+    # the parent stops this process (end of input, or a kill at its memory cap); a terminal's
+    # Ctrl-C, sent to the whole process group, is the parent's to handle
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # parsers warn loudly about every malformed object; the answer carries what matters
     logging.disable(logging.WARNING)
     # import the parsers before the cap, so the cap measures extraction, not imports

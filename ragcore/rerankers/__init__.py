@@ -3,7 +3,7 @@
 - `HttpReranker`: a TEI-compatible `POST /rerank` or Cohere-compatible `POST /v1/rerank` endpoint.
 - `OnnxCrossEncoder`: a local cross-encoder export (model.onnx + tokenizer.json) on onnxruntime.
 
-Both satisfy `retrieval_api.service.Reranker` (`score(query, passages) -> list[float]`, relevance
+Both satisfy `retrieval_api.retriever.Reranker` (`score(query, passages) -> list[float]`, relevance
 probabilities in [0, 1]) and add `check()` / `close()`. No weights ship with ragstream and
 nothing is downloaded at run time: the ONNX adapter loads a directory
 the deployment provides. `build_reranker` wires one from configuration; the configs live with

@@ -1,4 +1,4 @@
-"""The ports the ingest stages depend on (implemented in `streams.wiring` and `ragcore`), and
+"""The ports the ingest stages depend on (implemented in `streams.adapters` and `ragcore`), and
 `SorWriter`, the one entry point through which reconcile and reindex write what the system of
 record holds."""
 

@@ -93,8 +93,8 @@ def code_metric_families() -> dict[str, str]:
     from ragcore.embedders.cache import EmbeddingCacheMetrics
     from retrieval_api.admission import AdmissionMetrics
     from retrieval_api.auth import AuthMetrics
+    from retrieval_api.grpc_server import GrpcMetrics
     from retrieval_api.metrics import RetrieveMetrics
-    from retrieval_api.server import GrpcMetrics
     from streams.metrics import IngestMetrics
     from streams.reconcile import ReconcileMetrics
 

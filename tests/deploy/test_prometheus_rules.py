@@ -99,8 +99,8 @@ def test_promtool_check_config_accepts_the_compose_prometheus_config(tmp_path: P
 
 def _exposition() -> bytes:
     from ragcore.embedders.cache import EmbeddingCacheMetrics
+    from retrieval_api.grpc_server import GrpcMetrics
     from retrieval_api.metrics import RetrieveMetrics
-    from retrieval_api.server import GrpcMetrics
     from streams.metrics import IngestMetrics
 
     registry = CollectorRegistry()

@@ -46,3 +46,19 @@ def test_an_unreachable_broker_is_counted_as_failures_not_raised() -> None:
         registry.get_sample_value("ragstream_publish_failures_total", {"topic": "ragstream.audit"})
         == 1
     )
+
+
+def test_close_releases_the_producer_and_a_late_record_is_a_counted_failure(
+    kafka_broker: TansuBroker,
+) -> None:
+    registry = CollectorRegistry()
+    publisher = KafkaPublisher(
+        KafkaSettings(bootstrap_servers=kafka_broker.bootstrap_servers), registry
+    )
+    publisher.close()
+    publisher.close()  # idempotent
+    publisher.publish("ragstream.audit", "late", {"status": "success"})  # must not raise
+    assert (
+        registry.get_sample_value("ragstream_publish_failures_total", {"topic": "ragstream.audit"})
+        == 1
+    )

@@ -82,7 +82,7 @@ def test_tracing_off_imports_no_opentelemetry_on_the_hot_paths() -> None:
     is loaded (a fresh interpreter, so other tests' imports do not count)."""
     code = (
         "import sys\n"
-        "import retrieval_api.app, retrieval_api.server, streams.app, streams.consumer\n"
+        "import retrieval_api.app, retrieval_api.grpc_server, streams.app, streams.consumer\n"
         "from ragcore.tracing import Tracing\n"
         "t = Tracing.from_env('x')\n"
         "assert not t.enabled\n"

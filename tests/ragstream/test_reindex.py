@@ -59,9 +59,9 @@ from ragstream.reindex import (
     reindex,
     retriever_search,
 )
-from retrieval_api.config import RetrievalConfig
 from retrieval_api.metrics import RetrieveMetrics
-from retrieval_api.service import Retriever
+from retrieval_api.pipeline_settings import RetrievalConfig
+from retrieval_api.retriever import Retriever
 from retrieval_api.validate import validate_request
 from schemas.entities import Entity
 from schemas.events import Op

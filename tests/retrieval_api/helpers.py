@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ragcore.fusion import FusedHit
-from retrieval_api.config import RetrievalConfig
+from retrieval_api.pipeline_settings import RetrievalConfig
 from retrieval_api.ranking import Candidate
 from retrieval_api.validate import ValidatedRequest, validate_request
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb

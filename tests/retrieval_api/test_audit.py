@@ -17,8 +17,8 @@ from retrieval_api.audit import (
     request_record,
     result_records,
 )
-from retrieval_api.config import RetrievalConfig
 from retrieval_api.evidence import IndexInfo, Verdict, build_pack, error_pack
+from retrieval_api.pipeline_settings import RetrievalConfig
 from retrieval_api.ranking import ScoreKind, rank
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from tests.retrieval_api.helpers import REQUEST_ID, TENANT, cand, request

@@ -193,7 +193,7 @@ def test_the_server_s_poll_reloads_changed_files_and_flags_a_broken_one(tmp_path
     """What the server runs every `reload_interval_s`: a changed tokens or quotas file is
     reloaded, an unchanged one is not read again, a broken one sets reload_ok to 0."""
     from retrieval_api.admission import AdmissionSettings, TenantAdmission
-    from retrieval_api.server import _Watched
+    from retrieval_api.grpc_server import _Watched
 
     tokens, quotas = tmp_path / "tokens.json", tmp_path / "quotas.json"
     tokens.write_text(json.dumps({"acme": sha("one")}))

@@ -24,8 +24,8 @@ from ragdev.eval.configs import DEFAULT_CONFIGS
 from ragdev.eval.runner import _records, run_eval
 from retrieval_api.calibration import CalibrationSettings, calibrate_version, fit_calibration
 from retrieval_api.candidates import CandidateSearch
-from retrieval_api.config import RetrievalConfig
 from retrieval_api.evidence_score import EvidenceCalibration
+from retrieval_api.pipeline_settings import RetrievalConfig
 from streams.app import build_worker
 from streams.settings import IngestSettings
 

@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from retrieval_api.config import RetrievalConfig
 from retrieval_api.evidence import (
     CalibrationInfo,
     IndexInfo,
@@ -21,6 +20,7 @@ from retrieval_api.evidence import (
     serialize_pack,
     verdicts_from_sor,
 )
+from retrieval_api.pipeline_settings import RetrievalConfig
 from retrieval_api.ranking import (
     Candidate,
     ExclusionReason,

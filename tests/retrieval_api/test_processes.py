@@ -33,7 +33,7 @@ from retrieval_api.processes import RetrieveProcesses
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from tests.retrieval_api.stack import Stack, bearer
-from tests.retrieval_api.test_server import PUMP, REFUND, VPN
+from tests.retrieval_api.test_grpc_server import PUMP, REFUND, VPN
 from tests.streams.support import eid
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ragcore.errors import InvalidTenantError
 from ragcore.store.base import EVENT_DATE, Range
-from retrieval_api.config import RetrievalConfig
+from retrieval_api.pipeline_settings import RetrievalConfig
 from retrieval_api.ranking import ScoreKind
 from retrieval_api.validate import (
     PermissionDeniedError,

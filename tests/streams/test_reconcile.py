@@ -192,7 +192,7 @@ def test_a_write_to_a_version_a_reindex_dropped_is_retried_on_fresh_targets(
     dropped; the batch is applied again on targets re-read from the registry instead of
     ending the consumer loop."""
     env.put("ent-0", "Pump valve calibration report.")
-    monkeypatch.setattr("streams.wiring.time.monotonic", lambda: 0.0)  # the cache never expires
+    monkeypatch.setattr("streams.adapters.time.monotonic", lambda: 0.0)  # the cache never expires
     env.put("ent-1", "Second report, still on version one.")  # cached: [v1]
     registry, store = env.worker.registry, env.store
     registry.create_version("acme", HashEmbedder().spec, sparse_encoder=Bm25Encoder().model_version)

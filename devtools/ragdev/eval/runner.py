@@ -48,7 +48,7 @@ from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from retrieval_api.app import build_app
 from retrieval_api.calibration import CalibrationSettings, calibrate_version
 from retrieval_api.candidates import CandidateSearch
-from retrieval_api.config import RetrievalConfig
+from retrieval_api.pipeline_settings import RetrievalConfig
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.events import Op, RawRecord
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb

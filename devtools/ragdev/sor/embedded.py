@@ -273,6 +273,8 @@ class EmbeddedSor:
             raise RagstreamError("the broker did not acknowledge the SoR's change events")
 
     def close(self) -> None:
-        """Flush and close."""
+        """Flush and close; the producer is released here, so its connections close before
+        the dev stack stops the broker."""
         self._producer.flush(10)
+        del self._producer
         self._conn.close()

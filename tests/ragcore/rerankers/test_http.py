@@ -15,7 +15,7 @@ from pydantic import SecretStr, ValidationError
 
 from ragcore.rerankers import RerankError, RerankUnavailableError, build_reranker
 from ragcore.rerankers.http import HttpReranker, HttpRerankerConfig, sigmoid
-from retrieval_api.service import Reranker
+from retrieval_api.retriever import Reranker
 from tests.http_stub import Response, ScriptedStub, Sleeps
 
 KEY = "rk-test-Secret-4242"

@@ -14,9 +14,9 @@ from ragcore.fusion import FusedHit
 from ragcore.rerankers import RerankError, build_reranker
 from ragcore.rerankers.onnx_cross_encoder import OnnxCrossEncoder, OnnxRerankerConfig
 from ragcore.store.base import StoreFilter
-from retrieval_api.config import RetrievalConfig
+from retrieval_api.pipeline_settings import RetrievalConfig
 from retrieval_api.ranking import Confidence, ExclusionReason, ScoreKind, calibrate, rank
-from retrieval_api.service import Reranker
+from retrieval_api.retriever import Reranker
 from tests.ragcore.rerankers.tiny_model import BIAS, reference_score, write_model_dir
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,7 @@ from ragcore.errors import ConfigError
 from ragcore.rerankers.http import HttpRerankerConfig
 from ragcore.rerankers.onnx_cross_encoder import OnnxRerankerConfig
 from retrieval_api.app import build_app
-from retrieval_api.config import RetrievalConfig
+from retrieval_api.pipeline_settings import RetrievalConfig
 from retrieval_api.settings import RetrieveSettings
 
 pytestmark = pytest.mark.unit

@@ -53,7 +53,7 @@ from ragcore.sor.sql import SorUnavailableError
 from retrieval_api.admission import OverloadedError, TenantAdmission
 from retrieval_api.auth import AuthenticationError, Authenticator
 from retrieval_api.evidence import error_pack
-from retrieval_api.service import DeadlineExceededError, Retriever
+from retrieval_api.retriever import DeadlineExceededError, Retriever
 from retrieval_api.settings import GrpcSettings
 from retrieval_api.tracing import TracingInterceptor
 from retrieval_api.validate import (

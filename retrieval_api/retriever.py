@@ -27,7 +27,6 @@ from ragcore.tokenizers import load_token_counter
 from ragcore.tracing import Tracing
 from retrieval_api.audit import fingerprint_query, request_record, result_records
 from retrieval_api.candidates import CalibrationMismatchError, CandidateSearch, finish
-from retrieval_api.config import RetrievalConfig
 from retrieval_api.context import ContextPlan, context_of, neighbour_ids, plan_context
 from retrieval_api.evidence import (
     CalibrationInfo,
@@ -41,6 +40,7 @@ from retrieval_api.evidence import (
 )
 from retrieval_api.evidence_score import EvidenceCalibration
 from retrieval_api.metrics import RetrieveMetrics
+from retrieval_api.pipeline_settings import RetrievalConfig
 from retrieval_api.query_cache import QueryVectorCache
 from retrieval_api.ranking import Ranking, ScoreKind, Thresholds, rank
 from retrieval_api.validate import ValidatedRequest

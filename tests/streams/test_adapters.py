@@ -12,7 +12,7 @@ from ragcore.errors import ManifestMismatchError
 from ragcore.sparse import Bm25Encoder
 from ragcore.store.edge import EdgeStore
 from ragcore.store.registry import FileIndexRegistry
-from streams.wiring import RegistryTargets
+from streams.adapters import RegistryTargets
 
 SPEC = EmbeddingSpec(name="m", version="1", dimension=8, max_input_tokens=64, tokenizer="t")
 OTHER = SPEC.model_copy(update={"version": "2"})
