@@ -165,8 +165,6 @@ def parse(text: str) -> Samples:
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
     samples = Samples()
-    # here, not at the top: the CLI imports this module for its defaults on every command
-
     for family in text_string_to_metric_families(text):
         samples.declared.add(family.name)
         samples.declared.update(family.name + x for x in _SUFFIXES.get(family.type, ()))
