@@ -25,6 +25,7 @@ import pytest
 from ragcore.errors import EmbeddingUnavailableError
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
+from retrieval_api.metrics import SERVER_ERROR_CODES
 from tests.deploy.live_stack import (
     ACME_ROWS,
     PROMOTE_ABOVE,
@@ -310,7 +311,9 @@ def test_a_burst_of_bad_client_requests_fires_nothing(live: Live) -> None:
     failed = live.prometheus.query(
         'sum by (code) (ragstream_retrieve_requests_total{status="FAILED"})'
     )
-    assert {r["metric"]["code"] for r in failed} >= {"InvalidArgument", "PermissionDenied"}
+    recorded = {r["metric"]["code"] for r in failed}
+    assert recorded >= {"InvalidArgument", "PermissionDenied"}
+    assert not recorded & set(SERVER_ERROR_CODES), recorded
 
 
 @pytest.mark.integration

@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from retrieval_api.metrics import SERVER_ERROR_CODES
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from tests.deploy.prometheus_live import LivePrometheus, alert_names
@@ -24,6 +25,7 @@ from tests.ragdev.test_dev_stack import DevProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+CLIENT_CODES = ("INVALID_ARGUMENT", "UNAUTHENTICATED", "PERMISSION_DENIED")
 QUESTIONS = (
     ("acme", "If a client cancels a yearly plan after a few weeks, do they get money back?"),
     ("globex", "how often should the seal of the GX-300 be checked?"),
@@ -92,6 +94,13 @@ def test_dev_stack_under_prometheus_fires_nothing_healthy_or_under_bad_clients(
         assert lag and age
         assert {r["metric"]["partition"] for r in lag} >= {"0"}
 
+        # the start-up snapshot is a backfill (the freshness SLO counts it, by design): let it
+        # leave the rules' windows before the healthy workload starts
+        deadline = time.monotonic() + 90
+        while prometheus.alerts():
+            assert time.monotonic() < deadline, prometheus.alerts()
+            time.sleep(1)
+
         # healthy: questions and SoR writes through the CLI
         process.cli("sor", "put", "--tenant", "acme", "--id", "sre-1", "--text", "Pager duty.")
         process.cli("sor", "delete", "--tenant", "acme", "--id", "sre-1")
@@ -120,10 +129,14 @@ def test_dev_stack_under_prometheus_fires_nothing_healthy_or_under_bad_clients(
                     codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
 
         _no_alerts_for(prometheus, 15, bad_clients)
-        assert set(codes) == {"INVALID_ARGUMENT", "UNAUTHENTICATED", "PERMISSION_DENIED"}, codes
+        # the failed-authentication throttle may shed the rest with RESOURCE_EXHAUSTED
+        assert {"INVALID_ARGUMENT", "UNAUTHENTICATED", "PERMISSION_DENIED"} <= set(codes), codes
+        assert set(codes) <= {*CLIENT_CODES, "RESOURCE_EXHAUSTED"}, codes
         failed = prometheus.query(
             'sum by (code) (ragstream_retrieve_requests_total{status="FAILED"})'
         )
-        assert {r["metric"]["code"] for r in failed} == {"InvalidArgument", "PermissionDenied"}
+        recorded = {r["metric"]["code"] for r in failed}
+        assert {"InvalidArgument", "PermissionDenied"} <= recorded
+        assert not recorded & set(SERVER_ERROR_CODES), recorded
     finally:
         channel.close()
