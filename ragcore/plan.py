@@ -40,7 +40,7 @@ from ragcore.documents.source import (
     document_format,
     encode_document,
 )
-from ragcore.errors import ConfigError, MappingError
+from ragcore.errors import ConfigError, MappingError, SchemaDriftError
 from ragcore.mapping import (
     RowView,
     TableCatalog,
@@ -200,6 +200,7 @@ def _plan_change(
         return _plan_delete(event, mapping, where, lsn, base)
     if event.after is None:
         raise MappingError(f"{where}: op {event.op} without an `after` row")
+    check_columns(event.after, event.unavailable_columns, mapping, where)
     row = RowView(event.after, where)
     entity_id = mapping.row_entity_id(row)
     tenant_id = mapping.row_tenant(row)
@@ -236,6 +237,26 @@ def _plan_change(
         where=where,
     )
     return Plan(Action.UPSERT, "upsert", entity=entity, **common)
+
+
+def check_columns(
+    row: Mapping[str, Any], unavailable: frozenset[str], mapping: TableMapping, where: str
+) -> None:
+    """Raise `SchemaDriftError` when a change row lacks a column the mapping reads.
+
+    Debezium writes every column of the table into `after` (a NULL column is present with a
+    null value), so an absent column was renamed or dropped. A TOAST placeholder is not
+    absence: the decoder removes it from the row and names it in `unavailable`.
+    """
+    missing = tuple(c for c in mapping.columns() if c not in row and c not in unavailable)
+    if missing:
+        raise SchemaDriftError(
+            f"{where}: table {mapping.table}: mapped column(s) {', '.join(missing)} missing "
+            "from the change event (renamed or dropped in the SoR?): fix the table mapping "
+            "(RAGSTREAM_PLAN__TABLES) or the schema, then `ragstream dlq replay`",
+            table=mapping.table,
+            columns=missing,
+        )
 
 
 def _plan_delete(
