@@ -239,6 +239,29 @@ def _plan_change(
     return Plan(Action.UPSERT, "upsert", entity=entity, **common)
 
 
+def identity_of(event: ChangeEvent, config: PlanConfig) -> tuple[str, list[str | None]] | None:
+    """The entity a change record names and the tenants it names (None: unknown), read from
+    its key columns and tenant column only, whatever its other columns hold: what a re-read of
+    the SoR needs (`ragstream dlq replay`). None for records without a row change (tombstones,
+    heartbeats, truncates...). Raises `MappingError` for an unmapped table or a record
+    without its key."""
+    if event.kind is not RecordKind.CHANGE:
+        return None
+    mapping = _mapping(event, config)
+    where = f"{event.position.topic}[{event.position.partition}]@{event.position.offset}"
+    rows = [r for r in (event.after, event.before, event.key) if r is not None]
+    keyed = [r for r in rows if all(c in r for c in mapping.key_columns)]
+    if not keyed:
+        raise MappingError(f"{where}: no row carries the key columns {list(mapping.key_columns)}")
+    entity_id = mapping.row_entity_id(RowView(keyed[0], where))
+    tenants: list[str | None] = []
+    for row in rows:
+        tenant = mapping.row_tenant_if_known(RowView(row, where))
+        if tenant is not None and tenant not in tenants:
+            tenants.append(tenant)
+    return entity_id, tenants or [None]
+
+
 def check_columns(
     row: Mapping[str, Any], unavailable: frozenset[str], mapping: TableMapping, where: str
 ) -> None:

@@ -288,8 +288,6 @@ def _cmd_dlq(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
     from ragcore.errors import ConfigError
-    from ragcore.plan import plan_event
-    from ragcore.prepare import Preparer
     from ragstream.dlq import commit_after, read_dlq, replay_records
     from streams.app import build_worker
     from streams.decode import decode_record
@@ -301,7 +299,6 @@ def _cmd_dlq(args: argparse.Namespace) -> int:
         if worker.sor is None:
             raise ConfigError("dlq replay re-reads the SoR: set RAGSTREAM_SOR__KIND")
         worker.check()
-        preparer = Preparer(worker.embedder.spec, settings.chunking)
         options = settings.decode.options()
         group = args.group or f"{settings.consumer.group_id}-dlq-replay"
         consumer, records = read_dlq(
@@ -315,7 +312,7 @@ def _cmd_dlq(args: argparse.Namespace) -> int:
             report = replay_records(
                 records,
                 decode=lambda raw: decode_record(raw, options),
-                plan=lambda event: plan_event(event, settings.plan, preparer.content_hash),
+                config=settings.plan,
                 handler=worker.handler,
                 known_tenants=worker.targets.known_tenants,
             )

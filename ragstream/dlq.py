@@ -1,15 +1,17 @@
 """`ragstream dlq replay`: bring back what was dead-lettered, once its cause is fixed.
 
 Each dead-lettered change record names an entity (its table's key) and usually its tenant. The
-replay re-plans the original record with the *current* table mappings and re-reads each named
-entity from the system of record through the worker's write path (`IngestHandler.reread`): what
-the SoR holds now is indexed, a row that is gone is deleted. Re-reading instead of re-applying
-the old event means the replay can never put an outdated version over a newer one, and running
-it twice is harmless.
+replay reads that identity with the *current* table mappings (`ragcore.plan.identity_of`: key and
+tenant columns only, so a record that lacks a since-restored column still names its entity) and
+re-reads each named entity from the system of record through the worker's write path
+(`IngestHandler.reread`): what the SoR holds now is indexed, a row that is gone is deleted.
+Re-reading instead of re-applying the old event means the replay can never put an outdated
+version over a newer one, and running it twice is harmless.
 
-Records whose cause is not fixed (they still cannot be decoded or planned, or their entity still
-cannot be indexed) are listed and nothing is committed: the command exits 1 and the next run
-sees them again. When everything was replayed, the replay group's offsets are committed, so a
+Records whose cause is not fixed (they cannot be decoded, their table is not mapped, or their
+entity still cannot be read or indexed, e.g. a mapped column is still missing in the SoR) are
+listed and nothing is committed: the command exits 1 and the next run sees them again. When
+everything was replayed, the replay group's offsets are committed, so a
 later run starts after them (`--from-beginning` reads the whole DLQ again). Records dead-lettered
 by policy (`POLICY_*`: a truncate or logical message the policy sends to the DLQ) name no
 entity and are left alone.
@@ -26,7 +28,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from ragcore.errors import RagstreamError
 from ragcore.kafka_config import KafkaSettings
-from ragcore.plan import Action, Plan
+from ragcore.plan import PlanConfig, identity_of
 from schemas.events import ChangeEvent, RawRecord
 from streams.consumer import DLQ_HEADER_PREFIX, to_raw
 from streams.ingest import Rejection
@@ -91,7 +93,7 @@ def replay_records(
     records: Sequence[RawRecord],
     *,
     decode: Callable[[RawRecord], ChangeEvent],
-    plan: Callable[[ChangeEvent], Plan],
+    config: PlanConfig,
     handler: Rereader,
     known_tenants: Callable[[], Sequence[str]],
 ) -> ReplayReport:
@@ -105,22 +107,21 @@ def replay_records(
             if code.startswith("POLICY_"):
                 report.skipped += 1
                 continue
-            decided = plan(decode(raw))
+            named = identity_of(decode(raw), config)
         except RagstreamError as exc:
             report.failing.append({"dlq": where, "code": exc.code, "reason": str(exc)})
             continue
-        if decided.action is Action.SKIP or decided.entity_id is None:
+        if named is None:
             report.skipped += 1
             continue
-        tenants = [decided.tenant_id] if decided.tenant_id is not None else list(known_tenants())
-        if decided.previous_tenant_id is not None:
-            tenants.append(decided.previous_tenant_id)
-        for tenant in tenants:
-            by_tenant.setdefault(tenant, {})[decided.entity_id] = dlq
-    for tenant, named in sorted(by_tenant.items()):
-        report.entities += len(named)
-        for rejection in handler.reread(tenant, list(named), "dlq_replay"):
-            source = named.get(rejection.entity_id)
+        entity_id, tenants = named
+        # a delete whose row carried no tenant: wherever the entity may be indexed
+        for tenant in [t for t in tenants if t is not None] or list(known_tenants()):
+            by_tenant.setdefault(tenant, {})[entity_id] = dlq
+    for tenant, entities in sorted(by_tenant.items()):
+        report.entities += len(entities)
+        for rejection in handler.reread(tenant, list(entities), "dlq_replay"):
+            source = entities.get(rejection.entity_id)
             where = f"{source.topic}[{source.partition}]@{source.offset}" if source else "?"
             report.failing.append(
                 {

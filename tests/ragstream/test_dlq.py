@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from ragcore.mapping import TableMapping
-from ragcore.plan import PlanConfig, plan_event
+from ragcore.plan import PlanConfig
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from ragstream.dlq import original_record, replay_records
 from schemas.entities import ContentFormat
-from schemas.events import ChangeEvent, Op, RawRecord
+from schemas.events import Op, RawRecord
 from streams.consumer import DeadLetter, dlq_headers
 from streams.decode import DecodeOptions, decode_record
 from streams.ingest import Rejection
@@ -85,16 +85,11 @@ class Rereads:
 
 
 def replay(records: Sequence[RawRecord], mapping: TableMapping, handler: Rereads) -> Any:
-    config = PlanConfig(tables=(mapping,))
     options = DecodeOptions()
-
-    def plan(event: ChangeEvent) -> Any:
-        return plan_event(event, config, hasher)
-
     return replay_records(
         records,
         decode=lambda raw: decode_record(raw, options),
-        plan=plan,
+        config=PlanConfig(tables=(mapping,)),
         handler=handler,
         known_tenants=lambda: ["acme", "globex"],
     )
@@ -123,13 +118,22 @@ def test_after_the_mapping_is_fixed_every_named_entity_is_reread_per_tenant() ->
 
 
 @pytest.mark.unit
-def test_while_the_mapping_is_still_wrong_nothing_is_reread_and_each_record_is_listed() -> None:
-    records = [dead_letter(0, Op.CREATE, ticket(1), "SCHEMA_DRIFT")]
+def test_a_record_lacking_a_column_still_names_its_entity_for_the_reread() -> None:
+    # the schema was fixed (column renamed back): the record itself still lacks `body`, yet
+    # its key and tenant name the entity to re-read; the SoR holds the content
     handler = Rereads()
-    report = replay(records, BROKEN, handler)
+    report = replay([dead_letter(0, Op.CREATE, ticket(1), "SCHEMA_DRIFT")], BROKEN, handler)
+    assert handler.calls == [("acme", ["tickets:1"])] and report.failing == []
+
+
+@pytest.mark.unit
+def test_records_of_unmapped_tables_are_listed_and_nothing_is_reread() -> None:
+    other = BROKEN.model_copy(update={"table": "public.other"})
+    handler = Rereads()
+    report = replay([dead_letter(0, Op.CREATE, ticket(1), "MAPPING_ERROR")], other, handler)
     assert handler.calls == []
-    assert [f["code"] for f in report.failing] == ["SCHEMA_DRIFT"]
-    assert "body" in report.failing[0]["reason"]
+    assert [f["code"] for f in report.failing] == ["MAPPING_ERROR"]
+    assert "public.tickets" in report.failing[0]["reason"]
 
 
 @pytest.mark.unit
@@ -151,3 +155,12 @@ def test_a_dead_lettered_delete_rereads_the_entity_in_its_tenant() -> None:
     handler = Rereads()
     report = replay([dead_letter(0, Op.DELETE, ticket(4), "SOR_TABLE_UNREADABLE")], FIXED, handler)
     assert handler.calls == [("acme", ["tickets:4"])] and report.failing == []
+
+
+@pytest.mark.unit
+def test_a_record_without_tenant_is_reread_in_every_tenant() -> None:
+    handler = Rereads()
+    keyless = dead_letter(0, Op.DELETE, {"id": 5, "org": "", "subject": "", "description": ""}, "X")
+    report = replay([keyless], FIXED, handler)
+    assert sorted(handler.calls) == [("acme", ["tickets:5"]), ("globex", ["tickets:5"])]
+    assert report.failing == []
