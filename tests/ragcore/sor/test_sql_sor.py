@@ -144,10 +144,19 @@ def test_unreachable_postgres_is_a_typed_unavailable_error() -> None:
         sor.close()
 
 
+@pytest.fixture(params=["postgres", "sqlite"])
+def either_sor(request: pytest.FixtureRequest) -> PostgresSor | SqliteSor:
+    value: PostgresSor | SqliteSor = request.getfixturevalue(
+        "pg_sor" if request.param == "postgres" else "sqlite_sor"
+    )
+    return value
+
+
 @pytest.mark.integration
 def test_probe_names_the_tables_it_cannot_read_and_a_renamed_column(
-    sor: PostgresSor | SqliteSor, postgres: PostgresCluster, tmp_path: Path
+    either_sor: PostgresSor | SqliteSor, postgres: PostgresCluster, tmp_path: Path
 ) -> None:
+    sor = either_sor
     tables = {m.table_name: m.table for m in sor.catalog}
     # the mapped table that does not exist is unreadable; the others are fine
     assert set(sor.probe_tables()) == {tables["ghosts"]}
