@@ -292,6 +292,10 @@ def build_worker(
         other_models=[(e, Preparer(e.spec, settings.chunking)) for e in list(models)[1:]],
     )
     own_tracing = tracing or Tracing.from_env("ragstream-ingest")
+    # every mapped column exported at 0 from the start: `increase()` sees the first drift
+    for mapping in catalog:
+        for column in mapping.columns():
+            metrics.schema_drift.labels(mapping.table, column)
     prefix = settings.plan.topic_prefix
     liveness = SourceLiveness(
         metrics,
