@@ -81,6 +81,19 @@ class DocumentError(MappingError):
         super().__init__(message, code=code)
 
 
+class SchemaDriftError(MappingError):
+    """A change event lacks a column the table mapping reads: the column was renamed or dropped
+    in the SoR (or the mapping names a column the table never had). The event is never indexed
+    as if the column were empty."""
+
+    code = "SCHEMA_DRIFT"
+
+    def __init__(self, message: str, *, table: str, columns: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.table = table
+        self.columns = columns
+
+
 class RecordTooLargeError(RagstreamError):
     """A record or its content exceeds the configured size limit."""
 

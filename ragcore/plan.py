@@ -40,7 +40,7 @@ from ragcore.documents.source import (
     document_format,
     encode_document,
 )
-from ragcore.errors import ConfigError, MappingError
+from ragcore.errors import ConfigError, MappingError, SchemaDriftError
 from ragcore.mapping import (
     RowView,
     TableCatalog,
@@ -200,6 +200,7 @@ def _plan_change(
         return _plan_delete(event, mapping, where, lsn, base)
     if event.after is None:
         raise MappingError(f"{where}: op {event.op} without an `after` row")
+    check_columns(event.after, event.unavailable_columns, mapping, where)
     row = RowView(event.after, where)
     entity_id = mapping.row_entity_id(row)
     tenant_id = mapping.row_tenant(row)
@@ -236,6 +237,49 @@ def _plan_change(
         where=where,
     )
     return Plan(Action.UPSERT, "upsert", entity=entity, **common)
+
+
+def identity_of(event: ChangeEvent, config: PlanConfig) -> tuple[str, list[str | None]] | None:
+    """The entity a change record names and the tenants it names (None: unknown), read from
+    its key columns and tenant column only, whatever its other columns hold: what a re-read of
+    the SoR needs (`ragstream dlq replay`). None for records without a row change (tombstones,
+    heartbeats, truncates...). Raises `MappingError` for an unmapped table or a record
+    without its key."""
+    if event.kind is not RecordKind.CHANGE:
+        return None
+    mapping = _mapping(event, config)
+    where = f"{event.position.topic}[{event.position.partition}]@{event.position.offset}"
+    rows = [r for r in (event.after, event.before, event.key) if r is not None]
+    keyed = [r for r in rows if all(c in r for c in mapping.key_columns)]
+    if not keyed:
+        raise MappingError(f"{where}: no row carries the key columns {list(mapping.key_columns)}")
+    entity_id = mapping.row_entity_id(RowView(keyed[0], where))
+    tenants: list[str | None] = []
+    for row in rows:
+        tenant = mapping.row_tenant_if_known(RowView(row, where))
+        if tenant is not None and tenant not in tenants:
+            tenants.append(tenant)
+    return entity_id, tenants or [None]
+
+
+def check_columns(
+    row: Mapping[str, Any], unavailable: frozenset[str], mapping: TableMapping, where: str
+) -> None:
+    """Raise `SchemaDriftError` when a change row lacks a column the mapping reads.
+
+    Debezium writes every column of the table into `after` (a NULL column is present with a
+    null value), so an absent column was renamed or dropped. A TOAST placeholder is not
+    absence: the decoder removes it from the row and names it in `unavailable`.
+    """
+    missing = tuple(c for c in mapping.columns() if c not in row and c not in unavailable)
+    if missing:
+        raise SchemaDriftError(
+            f"{where}: table {mapping.table}: mapped column(s) {', '.join(missing)} missing "
+            "from the change event (renamed or dropped in the SoR?): fix the table mapping "
+            "(RAGSTREAM_PLAN__TABLES) or the schema, then `ragstream dlq replay`",
+            table=mapping.table,
+            columns=missing,
+        )
 
 
 def _plan_delete(

@@ -66,12 +66,22 @@ def _cmd_inspect_event(args: argparse.Namespace) -> int:
     from ragcore.embedders.local_onnx import MINILM_SPEC
     from ragcore.prepare import ChunkingSettings, Preparer
     from ragstream.inspect import inspect_record, read_record
+    from streams.settings import IngestSettings
 
     if args.file is None and args.value is None and args.key is None:
         raise RagstreamError("give a record file, or --key/--value files")
     raw = read_record(args.file, args.key, args.value, args.topic)
     preparer = Preparer(MINILM_SPEC, ChunkingSettings(max_tokens=args.max_tokens))
-    print_json(inspect_record(raw, preparer=preparer))
+    # the worker's own table mappings and decode options (RAGSTREAM_PLAN__*, _DECODE__*)
+    settings = IngestSettings()
+    print_json(
+        inspect_record(
+            raw,
+            preparer=preparer,
+            plan_config=settings.plan,
+            decode_options=settings.decode.options(),
+        )
+    )
     return 0
 
 
@@ -267,6 +277,70 @@ def _cmd_reconcile(args: argparse.Namespace) -> int:
         if hosted is not None:
             hosted.close()
     return 0 if remaining == 0 else 1
+
+
+def _cmd_dlq(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from ragcore.errors import ConfigError
+    from ragstream.dlq import commit_after, read_dlq, replay_records
+    from streams.app import build_worker
+    from streams.decode import decode_record
+    from streams.settings import IngestSettings
+
+    settings = IngestSettings()
+    worker = build_worker(settings, CollectorRegistry())
+    try:
+        if worker.sor is None:
+            raise ConfigError("dlq replay re-reads the SoR: set RAGSTREAM_SOR__KIND")
+        worker.check()
+        options = settings.decode.options()
+        group = args.group or f"{settings.consumer.group_id}-dlq-replay"
+        consumer, records = read_dlq(
+            settings.kafka,
+            settings.consumer.dlq_topic,
+            group,
+            from_beginning=args.from_beginning,
+            idle_s=args.idle_s,
+        )
+        try:
+            report = replay_records(
+                records,
+                decode=lambda raw: decode_record(raw, options),
+                config=settings.plan,
+                handler=worker.handler,
+                known_tenants=worker.targets.known_tenants,
+            )
+            if not report.failing:
+                commit_after(consumer, records)
+                report.committed = True
+        finally:
+            consumer.close()
+    finally:
+        worker.close()
+    print_json(report.as_dict())
+    return 1 if report.failing else 0
+
+
+def _cmd_slots(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from ragcore.errors import ConfigError
+    from ragcore.sor.base import SlotSource
+    from ragcore.wiring import build_sor
+    from streams.settings import IngestSettings
+
+    settings = IngestSettings()
+    sor = build_sor(settings.sor, settings.plan.catalog, lambda text, _fmt: "")
+    if sor is None or not isinstance(sor, SlotSource):
+        raise ConfigError("slots reads a PostgreSQL SoR: set RAGSTREAM_SOR__KIND=postgres")
+    try:
+        slots = sor.replication_slots()
+    finally:
+        sor.close()
+    print_json([asdict(slot) for slot in slots])
+    inactive = [s for s in slots if not s.active or s.wal_status == "lost"]
+    return 1 if inactive else 0
 
 
 def _cmd_reindex(args: argparse.Namespace) -> int:
@@ -591,6 +665,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant", required=True)
     p.add_argument("--repair", action="store_true", help="fix drift through the write path")
     p.set_defaults(func=_cmd_reconcile)
+
+    p = sub.add_parser(
+        "slots",
+        help="the SoR's logical replication slots: attached or not, WAL retained (bytes), "
+        "wal_status; exit 1 when one is inactive or lost",
+    )
+    p.set_defaults(func=_cmd_slots)
+
+    p = sub.add_parser(
+        "dlq",
+        help="replay: re-read from the SoR every entity named by a dead-lettered record, once "
+        "its cause (e.g. a table mapping after a schema change) is fixed; exit 1 while some "
+        "still fail",
+    )
+    p.add_argument("action", choices=["replay"])
+    p.add_argument(
+        "--from-beginning",
+        action="store_true",
+        help="read the whole DLQ again (default: after what the last successful replay read)",
+    )
+    p.add_argument("--group", default=None, help="consumer group (default: <group>-dlq-replay)")
+    p.add_argument(
+        "--idle-s", type=float, default=3.0, help="stop reading after this long without records"
+    )
+    p.set_defaults(func=_cmd_dlq)
 
     p = sub.add_parser(
         "reindex",

@@ -28,6 +28,7 @@ from retrieval_api.metrics import RetrieveMetrics
 from retrieval_api.processes import RetrieveProcesses
 from retrieval_api.retriever import Retriever
 from retrieval_api.settings import RetrieveSettings
+from retrieval_api.sorwatch import SorTableWatch
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ def build_app(
     own_tracing = tracing or Tracing.from_env("ragstream-retrieve")
     if tracing is None:
         created.append(own_tracing)
+    metrics = RetrieveMetrics(registry)
     retriever = Retriever(
         config=settings.retrieval,
         embedder=own_embedder,
@@ -133,7 +135,7 @@ def build_app(
         store=own_store,
         registry=index_registry,
         sor=own_sor,
-        metrics=RetrieveMetrics(registry),
+        metrics=metrics,
         publisher=own_publisher,
         audit_topic=settings.audit_topic,
         reindex_topic=settings.reindex_topic,
@@ -167,6 +169,7 @@ def build_app(
         health_interval_s=settings.health_check_interval_s,
         admission=TenantAdmission(settings.admission, registry),
         reload_interval_s=settings.auth.reload_interval_s,
+        part_health=SorTableWatch(own_sor, metrics.sor_table_unreadable).check,
     )
     owned = [*core.owned, *created]
     app = RetrieveApp(

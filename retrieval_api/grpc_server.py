@@ -29,7 +29,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -245,7 +245,11 @@ class RetrieveServer:
         health_interval_s: float = 10.0,
         admission: TenantAdmission | None = None,
         reload_interval_s: float = 2.0,
+        part_health: Callable[[], Mapping[str, bool]] | None = None,
     ) -> None:
+        """`health_check` decides the service's status; `part_health` (optional) names parts
+        that are reported under their own health service name (e.g. one per SoR table) and
+        does not change the service's status."""
         self._settings = settings
         self._retriever = retriever
         self._auth = auth
@@ -257,6 +261,7 @@ class RetrieveServer:
         self._pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="retrieve")
         self.health = HealthServicer()
         self._health_check = health_check
+        self._part_health = part_health
         self._health_interval = health_interval_s
         self._health_task: asyncio.Task[None] | None = None
         self._server: grpc.aio.Server | None = None
@@ -327,6 +332,10 @@ class RetrieveServer:
         raises the RagstreamError that makes it NOT_SERVING)."""
         self._health_check()
 
+    async def refresh_health(self) -> None:
+        """Run the health checks now and publish their statuses (as the periodic loop does)."""
+        await self._check_health()
+
     async def _check_health(self) -> None:
         loop = asyncio.get_running_loop()
         try:
@@ -338,6 +347,20 @@ class RetrieveServer:
             status = health_pb2.HealthCheckResponse.SERVING
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
+        if self._part_health is None or status != health_pb2.HealthCheckResponse.SERVING:
+            return
+        try:
+            parts = await loop.run_in_executor(self._pool, self._part_health)
+        except RagstreamError as exc:
+            log.warning("cannot check the parts' health: %s", exc)
+            return
+        for name, ok in parts.items():
+            await self.health.set(
+                name,
+                health_pb2.HealthCheckResponse.SERVING
+                if ok
+                else health_pb2.HealthCheckResponse.NOT_SERVING,
+            )
 
     async def _health_loop(self) -> None:
         while True:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 #: gRPC codes (go-grpc-prometheus spelling) that mean the server failed; every other non-OK code
 #: is the caller's mistake (InvalidArgument, Unauthenticated, PermissionDenied, NotFound,
@@ -57,6 +57,15 @@ class RetrieveMetrics:
             "Candidates returned by the store per request (after fusion).",
             buckets=(0, 1, 5, 10, 20, 50, 100, 200, 500),
             registry=registry,
+        )
+        self.sor_table_unreadable = Gauge(
+            "ragstream_retrieve_sor_table_unreadable",
+            "1 while Retrieve cannot read a mapped SoR table (renamed or dropped column, "
+            "missing table, no privilege): its hits are excluded as unverifiable.",
+            ["table"],
+            registry=registry,
+            # several server processes: the table is unreadable if any live one says so
+            multiprocess_mode="livemax",
         )
         self.reindex_requests = Counter(
             "ragstream_retrieve_reindex_requests_total",

@@ -15,10 +15,16 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from ragcore.embedders.base import Embedder
 from ragcore.embedding_models import EmbeddingModels
-from ragcore.errors import ConfigError, RagstreamError, SorUnavailableError
+from ragcore.errors import (
+    ConfigError,
+    RagstreamError,
+    SchemaDriftError,
+    SorTableError,
+    SorUnavailableError,
+)
 from ragcore.plan import Plan, plan_event
 from ragcore.prepare import Preparer
-from ragcore.sor.base import SystemOfRecord
+from ragcore.sor.base import SlotSource, SystemOfRecord
 from ragcore.store.base import VectorStore
 from ragcore.store.registry import IndexRegistry
 from ragcore.tracing import Tracing
@@ -26,8 +32,9 @@ from ragcore.wiring import Closable, build_core, new_tenant_placement, payload_s
 from schemas.events import ChangeEvent, RawRecord
 from streams.adapters import RegistryTargets, SorRows
 from streams.consumer import ConsumerLoop, install_signal_handlers
-from streams.decode import DecodeOptions, decode_record
+from streams.decode import decode_record
 from streams.ingest import IngestHandler
+from streams.liveness import ObservedHandler, SlotWatch, SourceLiveness, heartbeat_pattern
 from streams.metrics import IngestMetrics
 from streams.reconcile import ReconcileMetrics, ReconcileReport, reconcile
 from streams.settings import IngestSettings
@@ -50,6 +57,8 @@ class IngestWorker:
     metrics: IngestMetrics
     reconcile_metrics: ReconcileMetrics
     sor: SystemOfRecord | None = None
+    liveness: SourceLiveness | None = None
+    slots: SlotWatch | None = None
     stop: threading.Event = field(default_factory=threading.Event)
     #: what `build_worker` created (injected parts belong to their owner and stay open)
     owned: tuple[Closable, ...] = ()
@@ -67,9 +76,13 @@ class IngestWorker:
     def run(self) -> None:
         """Check, connect, consume until stopped (reconciling on schedule), then release."""
         scheduled: threading.Thread | None = None
+        watch: threading.Thread | None = None
         try:
             self.check()
             self.loop.start()
+            if self.liveness is not None:
+                watch = threading.Thread(target=self.watch_sources, name="liveness", daemon=True)
+                watch.start()
             if self.sor is not None and self.settings.reconcile.interval_s > 0:
                 scheduled = threading.Thread(
                     target=self.reconcile_forever, name="reconcile", daemon=True
@@ -78,9 +91,32 @@ class IngestWorker:
             self.loop.run(self.stop)
         finally:
             self.stop.set()
-            if scheduled is not None:
-                scheduled.join()
+            for thread in (scheduled, watch):
+                if thread is not None:
+                    thread.join()
             self.close()
+
+    def watch_sources(self) -> None:
+        """Until stopped, every `liveness.check_interval_s`: log connectors that fell silent
+        (`SourceLiveness`), export the SoR's replication slots (`SlotWatch`, PostgreSQL) and
+        close a WAL gap (a slot dropped or that lost WAL) by reconciling every tenant."""
+        while not self.stop.wait(self.settings.liveness.check_interval_s):
+            if self.liveness is not None:
+                self.liveness.check()
+            if self.slots is None:
+                continue
+            try:
+                gaps = self.slots.check()
+                if gaps:
+                    log.warning("closing the WAL gap of %s: reconciling every tenant", gaps)
+                    self.reconcile_once()
+            except (SorUnavailableError, SorTableError) as exc:
+                log.warning("cannot read the SoR's replication slots: %s", exc)
+            except RagstreamError:
+                log.exception(
+                    "reconciling after a WAL gap failed: run `ragstream reconcile --tenant T "
+                    "--repair` for every tenant"
+                )
 
     def reconcile_once(self) -> list[ReconcileReport]:
         """Reconcile every tenant with an active index (repairing per settings) and export
@@ -159,10 +195,14 @@ class IngestWorker:
 
 def consumed_topics(topics: Sequence[str], settings: IngestSettings) -> tuple[str, ...]:
     """The topics to subscribe: the configured ones, each of which must carry a mapped table's
-    changes (or heartbeats), or by default every mapped table's topic."""
+    changes (or heartbeats), or by default every mapped table's topic and (`liveness.heartbeats`)
+    the connectors' heartbeat topics."""
     catalog = settings.plan.catalog
     if not topics:
-        return tuple(catalog.topics())
+        heartbeats = [
+            heartbeat_pattern(settings.decode.heartbeat_topic_prefix, settings.plan.topic_prefix)
+        ]
+        return (*catalog.topics(), *(heartbeats if settings.liveness.heartbeats else []))
     unmapped = [
         t
         for t in topics
@@ -221,17 +261,18 @@ def build_worker(
         new_tenants=new_tenant_placement(settings.store, store),
     )
     catalog = settings.plan.catalog
-    options = DecodeOptions(
-        envelope=settings.decode.envelope,
-        heartbeat_topic_prefix=settings.decode.heartbeat_topic_prefix,
-        max_record_bytes=settings.decode.max_record_bytes,
-    )
+    options = settings.decode.options()
 
     def decode(raw: RawRecord) -> ChangeEvent:
         return decode_record(raw, options)
 
     def plan(event: ChangeEvent) -> Plan:
-        return plan_event(event, settings.plan, preparer.content_hash)
+        try:
+            return plan_event(event, settings.plan, preparer.content_hash)
+        except SchemaDriftError as exc:
+            for column in exc.columns:
+                metrics.schema_drift.labels(exc.table, column).inc()
+            raise  # the handler dead-letters it with its code (SCHEMA_DRIFT) and reason
 
     handler = IngestHandler(
         decode=decode,
@@ -251,7 +292,25 @@ def build_worker(
         other_models=[(e, Preparer(e.spec, settings.chunking)) for e in list(models)[1:]],
     )
     own_tracing = tracing or Tracing.from_env("ragstream-ingest")
-    loop = ConsumerLoop(settings.kafka, consumer, handler, metrics, tracing=own_tracing)
+    # every mapped column exported at 0 from the start: `increase()` sees the first drift
+    for mapping in catalog:
+        for column in mapping.columns():
+            metrics.schema_drift.labels(mapping.table, column)
+    prefix = settings.plan.topic_prefix
+    liveness = SourceLiveness(
+        metrics,
+        topic_sources=lambda topic: prefix if catalog.for_topic(topic) is not None else None,
+        heartbeat_prefix=settings.decode.heartbeat_topic_prefix,
+        sources=(prefix,) if settings.liveness.heartbeats else (),
+        silent_after_s=settings.liveness.silent_after_s,
+    )
+    loop = ConsumerLoop(
+        settings.kafka,
+        consumer,
+        ObservedHandler(handler, liveness),
+        metrics,
+        tracing=own_tracing,
+    )
     return IngestWorker(
         settings=settings,
         loop=loop,
@@ -266,6 +325,8 @@ def build_worker(
             registry, dedicated_above_points=settings.store.dedicated_above_points
         ),
         sor=sor,
+        liveness=liveness,
+        slots=SlotWatch(metrics, sor) if isinstance(sor, SlotSource) else None,
         owned=(*core.owned, *([own_tracing] if tracing is None else [])),
     )
 

@@ -101,6 +101,10 @@ class ConsumerConfig(BaseModel):
     #: How long the broker may hold a fetch with no new data (librdkafka's default 500 ms adds
     #: up to that to every change's freshness on a quiet topic; 50 ms costs a few idle fetches).
     fetch_wait_max_ms: int = Field(default=50, ge=0, le=10_000)
+    #: How often librdkafka refreshes topic metadata, which is also when a pattern subscription
+    #: (the connector's heartbeat topic) finds a topic created after the worker started
+    #: (librdkafka's default: 5 minutes).
+    metadata_refresh_ms: int = Field(default=10_000, ge=1_000)
     #: DLQ values above this are truncated (the header says so; the original stays in its topic).
     dlq_max_value_bytes: int = 900_000
     lag_refresh_s: float = Field(
@@ -225,6 +229,7 @@ class ConsumerLoop:
             "partition.assignment.strategy": c.assignment_strategy,
             "queued.max.messages.kbytes": c.queued_max_messages_kbytes,
             "fetch.wait.max.ms": c.fetch_wait_max_ms,
+            "topic.metadata.refresh.interval.ms": c.metadata_refresh_ms,
             "error_cb": self._on_error,
         }
 

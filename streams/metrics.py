@@ -40,6 +40,7 @@ DLQ_CODES = (
     "LOGICAL_TYPE_ERROR",
     "UNSUPPORTED_OP",
     "MAPPING_ERROR",
+    "SCHEMA_DRIFT",
     "INVALID_TENANT",
     "RECORD_TOO_LARGE",
     "CHUNKING_ERROR",
@@ -69,6 +70,13 @@ class IngestMetrics:
         )
         for code in DLQ_CODES:
             self.dlq.labels(code)
+        self.schema_drift = Counter(
+            "ragstream_ingest_schema_drift_total",
+            "Change events dead-lettered because they lack a mapped column (renamed or dropped "
+            "in the SoR), by table and column.",
+            ["table", "column"],
+            registry=registry,
+        )
         self.skipped_older = Counter(
             "ragstream_ingest_skipped_older_total",
             "Change events older than the indexed version of their entity (not applied).",
@@ -135,6 +143,41 @@ class IngestMetrics:
         self.last_commit_timestamp = Gauge(
             "ragstream_ingest_last_commit_timestamp_seconds",
             "Unix time of the last successful offset commit (stall detection).",
+            registry=registry,
+        )
+        self.source_last_heard = Gauge(
+            "ragstream_source_last_heard_timestamp_seconds",
+            "Unix time of the newest record (heartbeat or change) a Debezium connector produced "
+            "that this worker consumed, per source (topic prefix); the worker's start time until "
+            "the first one.",
+            ["source"],
+            registry=registry,
+        )
+        self.source_heard_age = Gauge(
+            "ragstream_source_heard_age_seconds",
+            "Seconds since the newest record a Debezium connector produced that this worker "
+            "consumed, per source (heartbeats keep it low on a quiet SoR).",
+            ["source"],
+            registry=registry,
+        )
+        self.slot_retained_bytes = Gauge(
+            "ragstream_sor_replication_slot_retained_bytes",
+            "WAL a logical replication slot of the SoR holds back (pg_current_wal_lsn() minus "
+            "its restart_lsn), per slot (PostgreSQL SoR).",
+            ["slot"],
+            registry=registry,
+        )
+        self.slot_active = Gauge(
+            "ragstream_sor_replication_slot_active",
+            "1 while a consumer (the Debezium connector) is attached to the replication slot.",
+            ["slot"],
+            registry=registry,
+        )
+        self.wal_gaps = Counter(
+            "ragstream_sor_wal_gaps_total",
+            "Replication slots that vanished (dropped) or lost WAL: changes may be missing from "
+            "the stream; each is closed by an automatic reconcile once the slot is back.",
+            ["slot"],
             registry=registry,
         )
         self.assigned_partitions = Gauge(

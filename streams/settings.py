@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragcore.embedders.cache import EmbeddingCacheConfig
 from ragcore.settings import ServiceSettings
 from streams.consumer import ConsumerConfig
+from streams.decode import DecodeOptions
+from streams.liveness import LivenessSettings
 
 
 class DecodeSettings(BaseModel):
@@ -21,6 +23,14 @@ class DecodeSettings(BaseModel):
     envelope: Literal["debezium", "unwrapped"] = "debezium"
     heartbeat_topic_prefix: str = "__debezium-heartbeat"
     max_record_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+
+    def options(self) -> DecodeOptions:
+        """The decoder's options."""
+        return DecodeOptions(
+            envelope=self.envelope,
+            heartbeat_topic_prefix=self.heartbeat_topic_prefix,
+            max_record_bytes=self.max_record_bytes,
+        )
 
 
 class ReconcileSettings(BaseModel):
@@ -45,3 +55,4 @@ class IngestSettings(ServiceSettings):
         default_factory=lambda: EmbeddingCacheConfig(path=Path("data/embedding-cache.sqlite"))
     )
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
+    liveness: LivenessSettings = Field(default_factory=LivenessSettings)

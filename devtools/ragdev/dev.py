@@ -58,6 +58,7 @@ from retrieval_api.retriever import Retriever
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from streams.app import build_worker
 from streams.consumer import ConsumerConfig
+from streams.liveness import LivenessSettings
 from streams.settings import IngestSettings, ReconcileSettings
 
 log = logging.getLogger("ragdev.dev")
@@ -66,7 +67,14 @@ TOKENS_FILE = "dev-tokens.json"
 #: The variables for admin commands beside the running stack (see `_write_env`).
 ENV_FILE = "dev.env"
 #: The topics the stack creates besides one per mapped table.
-SERVICE_TOPICS = ("ragstream.dlq", "ragstream.audit", "ragstream.reindex-requests")
+SERVICE_TOPICS = (
+    "ragstream.dlq",
+    "ragstream.audit",
+    "ragstream.reindex-requests",
+    # Debezium's heartbeats (`topic.heartbeat.prefix`.`topic.prefix`): created up front, so the
+    # worker's pattern subscription finds it at once
+    "__debezium-heartbeat.sor",
+)
 EXAMPLES = (
     ("acme", "If a client cancels a yearly plan after a few weeks, do they get money back?"),
     ("globex", "how often should the seal of the GX-300 be checked?"),
@@ -147,6 +155,15 @@ class _DevSor(Protocol):
         """What `ragstream sor` needs to write to it (the stack file)."""
         ...
 
+    @property
+    def has_connector(self) -> bool:
+        """Whether a Debezium connector (with heartbeats) captures the changes."""
+        ...
+
+    def supervise(self, stop: threading.Event) -> None:
+        """Until `stop`: restart what captures changes when it dies, or say why it cannot."""
+        ...
+
     def close(self) -> None:
         """Stop what it started."""
         ...
@@ -172,6 +189,13 @@ class _SqliteDevSor:
 
     def describe(self) -> dict[str, Any]:
         return {"sor_kind": "sqlite", "sor": str(self.sor.path)}
+
+    @property
+    def has_connector(self) -> bool:
+        return False  # the embedded SoR publishes its own events, in this process
+
+    def supervise(self, stop: threading.Event) -> None:
+        return None
 
     def close(self) -> None:
         self.sor.close()
@@ -233,6 +257,40 @@ class _PostgresDevSor:
             "debezium_rest": self.debezium.rest_url,
             "debezium_log": str(self.debezium.log_path),
         }
+
+    @property
+    def has_connector(self) -> bool:
+        return True
+
+    def supervise(self, stop: threading.Event, every_s: float = 2.0) -> None:
+        """Watch the Kafka Connect JVM; when it exits, reap it, say so and restart it (it
+        resumes from its offsets and the kept slot), backing off from 5 s to 5 min while a
+        restart fails; each failure is printed with the log's causes."""
+        backoff = 5.0
+        while not stop.wait(every_s):
+            code = self.debezium.exited()
+            if code is None:
+                continue
+            print(
+                f"Debezium (Kafka Connect) exited with status {code}: changes are not captured "
+                f"until it runs again; restarting (log: {self.debezium.log_path})",
+                flush=True,
+            )
+            while not stop.is_set():
+                try:
+                    self.debezium.restart()
+                except RagstreamError as exc:
+                    print(
+                        f"Debezium could not be restarted, next try in {backoff:.0f} s: {exc}",
+                        flush=True,
+                    )
+                    if stop.wait(backoff):
+                        return
+                    backoff = min(backoff * 2, 300.0)
+                    continue
+                print(f"Debezium restarted (pid {self.debezium.pid})", flush=True)
+                backoff = 5.0
+                break
 
     def close(self) -> None:
         try:
@@ -335,6 +393,7 @@ def _serve_stack(
         plan=DEV_PLAN,
         embedding_cache=None,
         reconcile=ReconcileSettings(interval_s=600.0),
+        liveness=LivenessSettings(heartbeats=source.has_connector),
     )
     worker = build_worker(ingest_settings, registry, store=store, embedder=embedder)
     tenants = sorted({r["company_id"] for rows in samples.values() for r in rows})
@@ -358,20 +417,31 @@ def _serve_stack(
     host = StoreHost(store, host_dir / "store.sock", authkey=host_key)
     host.start()
     advertise(store_settings.data_dir, host, host_key)
-    worker_thread: threading.Thread | None = None
-    reconcile_thread: threading.Thread | None = None
+    threads: list[threading.Thread] = []
     try:
         worker.check()
         worker.loop.start()
-        worker_thread = threading.Thread(
-            target=worker.loop.run, args=(worker.stop,), name="ingest", daemon=True
+        threads.append(
+            threading.Thread(
+                target=worker.loop.run, args=(worker.stop,), name="ingest", daemon=True
+            )
         )
-        worker_thread.start()
-        reconcile_thread = threading.Thread(
-            target=worker.reconcile_forever, name="reconcile", daemon=True
+        threads.append(
+            threading.Thread(target=worker.reconcile_forever, name="reconcile", daemon=True)
         )
-        reconcile_thread.start()
+        for thread in threads:
+            thread.start()
         total = source.publish()
+        if source.has_connector:
+            watchers = [
+                threading.Thread(target=worker.watch_sources, name="liveness", daemon=True),
+                threading.Thread(
+                    target=source.supervise, args=(worker.stop,), name="debezium", daemon=True
+                ),
+            ]
+            for thread in watchers:
+                thread.start()
+            threads += watchers
         _wait_indexed(registry, total)
         _calibrate(app.retriever, embedder, tenants)
         _write_env(data_dir, store_settings, sor_settings, bootstrap, ports)
@@ -396,9 +466,8 @@ def _serve_stack(
         asyncio.run(_serve(app, tokens, ports, started, data_dir))
     finally:
         worker.stop.set()
-        for thread in (worker_thread, reconcile_thread):
-            if thread is not None:
-                thread.join(30)
+        for thread in threads:
+            thread.join(30)
         withdraw(store_settings.data_dir)
         host.close()
         shutil.rmtree(host_dir, ignore_errors=True)
@@ -439,6 +508,7 @@ def _wait_indexed(registry: CollectorRegistry, total: int) -> None:
             if metric.name == "ragstream_ingest_events"
             for sample in metric.samples
             if sample.name == "ragstream_ingest_events_total"
+            and sample.labels.get("op") != "heartbeat"
         )
         now = time.monotonic()
         if done >= total or now - last_print >= 2.0:

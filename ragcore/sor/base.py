@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ragcore.errors import ConfigError, MappingError
 from ragcore.mapping import RowView, TableCatalog, TableMapping, version_of
@@ -74,11 +74,46 @@ class SystemOfRecord(Protocol):
         ...
 
 
-def quote_ident(name: str) -> str:
-    """Quote a configured identifier after checking it is a plain one (no injection)."""
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    """One logical replication slot: whether a consumer is attached, how much WAL it retains
+    and PostgreSQL's `wal_status` (`lost`: WAL it needed was removed)."""
+
+    name: str
+    plugin: str
+    active: bool
+    retained_bytes: int
+    wal_status: str
+
+
+@runtime_checkable
+class SlotSource(Protocol):
+    """A SoR that can list its replication slots (PostgreSQL)."""
+
+    def replication_slots(self) -> list[SlotState]:
+        """The database's logical slots and the WAL each retains."""
+        ...
+
+
+@runtime_checkable
+class TableProbe(Protocol):
+    """A SoR reader that can tell, without a query for any entity, which mapped tables it cannot
+    read (a renamed or dropped mapped column, a missing table, no privilege)."""
+
+    def probe_tables(self) -> dict[str, str]:
+        """`schema.table` -> why it cannot be read, for every unreadable mapped table. Raises
+        `SorUnavailableError` when the SoR itself is unreachable."""
+        ...
+
+
+def quote_ident(name: str, mark: str = '"') -> str:
+    """Quote a configured identifier after checking it is a plain one (no injection). SQLite
+    reads a double-quoted name that matches no column as a string literal (a dropped column
+    would read as its own name): its readers quote with backticks (`mark`), which are
+    identifiers only."""
     if not _IDENT.match(name):
         raise ConfigError(f"not a plain SQL identifier: {name!r}")
-    return f'"{name}"'
+    return f"{mark}{name}{mark}"
 
 
 class SqlShape:
@@ -89,12 +124,18 @@ class SqlShape:
 
     def __init__(self, mapping: TableMapping, placeholder: str, *, qualified: bool = True) -> None:
         parts = mapping.table.split(".") if qualified else [mapping.table_name]
-        self.table = ".".join(quote_ident(p) for p in parts)
+        mark = '"' if qualified else "`"  # not qualified: SQLite (see `quote_ident`)
+
+        def q(name: str) -> str:
+            return quote_ident(name, mark)
+
+        self._q = q
+        self.table = ".".join(q(p) for p in parts)
         self.mapping = mapping
         self.ph = placeholder
         self.columns = mapping.columns()
-        self.select_list = ", ".join(quote_ident(c) for c in self.columns)
-        self._keys = [quote_ident(c) for c in mapping.key_columns]
+        self.select_list = ", ".join(q(c) for c in self.columns)
+        self._keys = [q(c) for c in mapping.key_columns]
 
     def _key_expr(self) -> str:
         return self._keys[0] if len(self._keys) == 1 else f"({', '.join(self._keys)})"
@@ -105,11 +146,11 @@ class SqlShape:
 
     def _tenant_clause(self) -> str:
         column = self.mapping.tenant_column
-        return "" if column is None else f" AND {quote_ident(column)} = {self.ph}"
+        return "" if column is None else f" AND {self._q(column)} = {self.ph}"
 
     def _live_clause(self) -> str:
         column = self.mapping.deleted_at_column
-        return "" if column is None else f" AND {quote_ident(column)} IS NULL"
+        return "" if column is None else f" AND {self._q(column)} IS NULL"
 
     def tenant_params(self, tenant_id: str) -> list[Any]:
         """The parameter of the tenant clause (none for a constant-tenant table)."""
@@ -122,6 +163,11 @@ class SqlShape:
         if with_tenant:
             where += self._tenant_clause()
         return f"SELECT {self.select_list} FROM {self.table} WHERE {where}"
+
+    def probe(self) -> str:
+        """SELECT the mapped columns of no row: fails exactly when a mapped column or the
+        table is gone (or not readable)."""
+        return f"SELECT {self.select_list} FROM {self.table} WHERE 1 = 0"
 
     def count_live(self) -> str:
         """SELECT the number of a tenant's live rows (column `n`)."""

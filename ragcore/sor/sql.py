@@ -22,6 +22,7 @@ from ragcore.errors import SorTableError, SorUnavailableError
 from ragcore.mapping import TableCatalog, TableMapping
 from ragcore.plan import ContentHasher
 from ragcore.sor.base import (
+    SlotState,
     SorVerdict,
     SqlShape,
     group_by_table,
@@ -33,9 +34,18 @@ from ragcore.sor.base import (
 )
 from schemas.entities import Entity
 
-__all__ = ["PostgresSor", "SorTableError", "SorUnavailableError", "SqliteSor"]
+__all__ = ["PostgresSor", "SlotState", "SorTableError", "SorUnavailableError", "SqliteSor"]
 
 log = logging.getLogger(__name__)
+
+#: The logical slots of the current database and the WAL each one retains.
+_SLOTS_SQL = (
+    "SELECT slot_name, plugin, active, wal_status, "
+    "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint AS retained_bytes "
+    "FROM pg_replication_slots WHERE slot_type = 'logical' AND database = current_database() "
+    "ORDER BY slot_name"
+)
+
 
 #: Keys per query: keeps statements and parameter lists bounded.
 _CHUNK = 500
@@ -99,6 +109,17 @@ class _SqlReader:
                 for v in (row_to_verdict(r, mapping, self.hasher, "sor") for r in rows)
             }
             out.update({i: found.get(i, SorVerdict(entity_id=i, exists=False)) for i in ids})
+        return out
+
+    def probe_tables(self) -> dict[str, str]:
+        """`schema.table` -> the error, for each mapped table that cannot be read (one
+        zero-row query per table; `TableProbe`)."""
+        out: dict[str, str] = {}
+        for mapping in self._catalog:
+            try:
+                self._query(self._shapes[mapping.label].probe(), [], mapping.table)
+            except SorTableError as exc:
+                out[mapping.table] = str(exc)
         return out
 
     def fetch_entities(self, tenant_id: str | None, entity_ids: Sequence[str]) -> dict[str, Entity]:
@@ -189,6 +210,22 @@ class PostgresSor(_SqlReader):
     def check(self) -> None:
         """One round trip."""
         self._query("SELECT 1 AS ok", [], "-")
+
+    def replication_slots(self) -> list[SlotState]:
+        """Every logical replication slot of the database and the WAL it holds back: an
+        inactive slot (its Debezium connector is down) keeps WAL until it is consumed again or
+        dropped; a `lost` slot has lost WAL (a gap the index must close by a reconcile)."""
+        rows = self._query(_SLOTS_SQL, [], "pg_replication_slots")
+        return [
+            SlotState(
+                name=str(r["slot_name"]),
+                plugin=str(r["plugin"] or ""),
+                active=bool(r["active"]),
+                retained_bytes=int(r["retained_bytes"] or 0),
+                wal_status=str(r["wal_status"] or ""),
+            )
+            for r in rows
+        ]
 
     def close(self) -> None:
         """Close the pool."""

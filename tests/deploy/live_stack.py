@@ -321,6 +321,8 @@ class LiveStack:
             target=self.worker.loop.run, args=(self.worker.stop,), daemon=True
         )
         self.thread.start()
+        # the source watch (liveness log lines, replication slots, WAL gaps), as `worker.run`
+        threading.Thread(target=self.worker.watch_sources, daemon=True).start()
 
     def stop_worker(self) -> None:
         self.worker.stop.set()

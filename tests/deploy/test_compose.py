@@ -203,7 +203,7 @@ def test_ingest_environment_parses_into_ingest_settings(
     _settings_from(monkeypatch, env)
     settings = IngestSettings()
     assert settings.kafka.bootstrap_servers == "kafka:9092"
-    assert settings.consumer.topics == ("sor.public.entities",)
+    assert settings.consumer.topics == ("sor.public.entities", "__debezium-heartbeat.sor")
     assert settings.store.backend == "qdrant"
     assert settings.sor.kind == "postgres"
     assert settings.metrics_host == "0.0.0.0"
@@ -363,6 +363,7 @@ def test_kafka_init_creates_every_topic_the_services_use(
     }
     assert used == {
         "sor.public.entities",
+        "__debezium-heartbeat.sor",
         "ragstream.dlq",
         "ragstream.audit",
         "ragstream.reindex-requests",
@@ -402,7 +403,8 @@ def test_connector_config_uses_debezium_2_and_3_property_names(
     assert connector["plugin.name"] == "pgoutput"
     assert connector["topic.prefix"] == "sor"
     assert connector["table.include.list"] == "public.entities"
-    assert connector["snapshot.mode"] == "initial"
+    # a snapshot at first start, and again when the stored position is gone (a WAL gap)
+    assert connector["snapshot.mode"] == "when_needed"
     assert int(connector["heartbeat.interval.ms"]) > 0
     assert connector["tasks.max"] == "1"
     assert all(isinstance(v, str) for v in connector.values()), "Connect wants string values"
@@ -424,8 +426,12 @@ def test_connector_table_and_topic_match_what_the_worker_consumes(
     assert [m.table for m in plan.tables] == connector["table.include.list"].split(",")
     assert plan.topic_prefix == connector["topic.prefix"]
     topics = plan.catalog.topics()
-    assert json.loads(env_of(services[INGEST])["RAGSTREAM_CONSUMER__TOPICS"]) == topics
+    heartbeats = f"{connector['topic.heartbeat.prefix']}.{connector['topic.prefix']}"
+    consumed = json.loads(env_of(services[INGEST])["RAGSTREAM_CONSUMER__TOPICS"])
+    # the table topics, and the connector's heartbeat topic (its liveness)
+    assert consumed == [*topics, heartbeats]
     assert connector["topic.heartbeat.prefix"] == DecodeSettings().heartbeat_topic_prefix
+    assert int(connector["heartbeat.interval.ms"]) <= 10_000
 
 
 def test_sor_table_keeps_full_replica_identity() -> None:

@@ -344,7 +344,10 @@ def test_pod_environment_parses_into_the_settings_classes(
         assert settings.embedder.kind == "openai"
         assert settings.metrics_host == "0.0.0.0"
     ingest_values, _ = _pod_env(manifests, "ingest")
-    assert json.loads(ingest_values["RAGSTREAM_CONSUMER__TOPICS"]) == ["sor.public.entities"]
+    assert json.loads(ingest_values["RAGSTREAM_CONSUMER__TOPICS"]) == [
+        "sor.public.entities",
+        "__debezium-heartbeat.sor",
+    ]
 
 
 def test_secret_holds_credentials_and_existing_secret_replaces_it(helm: Path, chart: Path) -> None:

@@ -170,6 +170,7 @@ def test_topic_script_creates_each_compose_topic_idempotently(tmp_path: Path) ->
         "ragstream.dlq": "1",
         "ragstream.audit": "3",
         "ragstream.reindex-requests": "3",
+        "__debezium-heartbeat.sor": "1",
     }
     assert all("--if-not-exists" in c for c in creates)
     assert all(c[c.index("--bootstrap-server") + 1] == "kafka:9092" for c in creates)

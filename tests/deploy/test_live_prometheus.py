@@ -171,6 +171,48 @@ def credentials_file_broken(stack: LiveStack) -> Callable[[], None]:
     return recover
 
 
+def connector_killed(stack: LiveStack) -> Callable[[], None]:
+    """The Kafka Connect JVM dies (SIGKILL): no heartbeat, no change, the slot has no consumer."""
+    stack.dbz.kill()
+
+    def recover() -> None:
+        stack.dbz.restart()
+        stack.caught_up()
+
+    return recover
+
+
+def slot_dropped(stack: LiveStack) -> Callable[[], None]:
+    """Debezium's replication slot is dropped while it is down: a WAL gap."""
+    stack.dbz.kill()
+    stack.dbz.drop_slot()
+    stack.put_rows("globex", [f"gap-{n}" for n in range(3)], lambda n: f"In the gap {n}.")
+
+    def recover() -> None:
+        stack.dbz.restart()  # snapshot.mode=when_needed: a fresh snapshot; the worker reconciles
+        stack.caught_up()
+
+    return recover
+
+
+def content_column_renamed(stack: LiveStack) -> Callable[[], None]:
+    """A migration renames the mapped content column: the table's changes lack it (they are
+    dead-lettered), Retrieve cannot read the table."""
+    stack.sql("ALTER TABLE entities RENAME COLUMN content TO body")
+    for n in range(3):
+        stack.sql(
+            "INSERT INTO entities (id, company_id, name, body) VALUES (%s, %s, %s, %s)",
+            (f"drift-{n}", "globex", f"drift-{n}", f"Renamed {n}."),
+        )
+
+    def recover() -> None:
+        stack.sql("ALTER TABLE entities RENAME COLUMN body TO content")
+        stack.caught_up()
+        stack.worker.reconcile_once()  # brings the dead-lettered rows back (the runbook)
+
+    return recover
+
+
 INGEST = {"job": "ragstream-ingest"}
 RETRIEVE = {"job": "ragstream-retrieve"}
 
@@ -190,6 +232,13 @@ SCENARIOS: dict[str, Scenario] = {
     "RagstreamReconcileDrift": Scenario("drift injected", drift_injected, INGEST),
     "RagstreamTenantsDueForPromotion": Scenario(
         "tenant due for promotion", tenant_outgrows_the_shared_pool, INGEST
+    ),
+    "RagstreamSourceSilent": Scenario("connector killed", connector_killed, INGEST),
+    "RagstreamReplicationSlotInactive": Scenario("connector killed", connector_killed, INGEST),
+    "RagstreamWalGap": Scenario("slot dropped", slot_dropped, INGEST),
+    "RagstreamSchemaDrift": Scenario("content column renamed", content_column_renamed, INGEST),
+    "RagstreamSorTableUnreadable": Scenario(
+        "content column renamed", content_column_renamed, RETRIEVE
     ),
 }
 

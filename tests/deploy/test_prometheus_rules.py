@@ -36,6 +36,11 @@ EXPECTED_ALERTS = {
     "RagstreamRetrieveConfigReloadFailing",
     "RagstreamReconcileDrift",
     "RagstreamTenantsDueForPromotion",
+    "RagstreamSchemaDrift",
+    "RagstreamSourceSilent",
+    "RagstreamReplicationSlotInactive",
+    "RagstreamSorTableUnreadable",
+    "RagstreamWalGap",
 }
 
 
@@ -114,6 +119,12 @@ def _exposition() -> bytes:
     ingest.stage_seconds.labels("embed").observe(0.2)
     ingest.backpressure.labels("store").inc()
     ingest.committed_offset.labels("sor.public.entities", "0").set(42)
+    ingest.schema_drift.labels("public.tickets", "body").inc()
+    ingest.source_heard_age.labels("sor").set(3)
+    ingest.slot_retained_bytes.labels("ragstream_entities").set(1024)
+    ingest.slot_active.labels("ragstream_entities").set(1)
+    ingest.wal_gaps.labels("ragstream_entities").inc()
+    retrieve.sor_table_unreadable.labels("public.tickets").set(0)
     retrieve.requests.labels("SUCCESS", "OK").inc()
     retrieve.stage_seconds.labels("search").observe(0.01)
     retrieve.excluded.labels("stale").inc()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ragcore.errors import MappingError
+from ragcore.errors import MappingError, SchemaDriftError
 from ragcore.mapping import TableMapping, epoch_us, to_datetime
 from ragcore.plan import Action, PlanConfig, PlanPolicy, plan_event
 from schemas.entities import ContentFormat, EntityVersion
@@ -171,7 +171,7 @@ def test_unmappable_rows_raise_mapping_error_with_reason(
 def test_row_without_tenant_column_is_a_mapping_error() -> None:
     after = row()
     del after["company_id"]
-    with pytest.raises(MappingError, match="'company_id' is missing"):
+    with pytest.raises(MappingError, match="company_id missing"):
         plan(change(Op.CREATE, after=after))
 
 
@@ -260,6 +260,8 @@ def test_custom_table_mapping_is_chosen_by_source_table() -> None:
             "subject": "Printer",
             "body": "It jams.",
             "status": "open",
+            "created_at": None,
+            "updated_at": None,
         },
         source=SourceInfo(schema="support", table="tickets"),
     )
@@ -281,7 +283,15 @@ def test_table_is_found_by_topic_when_the_event_has_no_source() -> None:
         kind=RecordKind.CHANGE,
         position=RecordPosition("crm.support.tickets", 0, 0),
         op=Op.CREATE,
-        after={"ticket_id": "T-1", "org": "acme", "subject": "S", "body": "B"},
+        after={
+            "ticket_id": "T-1",
+            "org": "acme",
+            "subject": "S",
+            "body": "B",
+            "status": None,  # present with null: a NULL column, not a missing one
+            "created_at": None,
+            "updated_at": None,
+        },
     )
     assert plan(event, config).entity_id == "tickets:T-1"
 
@@ -415,3 +425,55 @@ def test_a_delete_whose_before_has_the_key_only_leaves_the_tenant_unknown() -> N
     before = {k: "" for k in row()} | {"id": "ent-1", "deleted_at": None}
     p = plan(change(Op.DELETE, before=before))
     assert (p.action, p.entity_id, p.tenant_id) == (Action.DELETE, "entities:ent-1", None)
+
+
+# --- schema drift: a mapped column renamed or dropped in the SoR ---------------------------------
+
+
+def _without(column: str, **extra: Any) -> dict[str, Any]:
+    after = row(**extra)
+    del after[column]
+    return after
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("op", [Op.CREATE, Op.UPDATE, Op.READ])
+def test_a_change_row_without_a_mapped_content_column_is_schema_drift_not_empty_content(
+    op: Op,
+) -> None:
+    # `ALTER TABLE entities RENAME COLUMN content TO body`: the row carries `body`, not `content`
+    event = change(op, after=_without("content", body="Refunds are issued within 30 days."))
+    with pytest.raises(SchemaDriftError) as caught:
+        plan(event)
+    assert caught.value.code == "SCHEMA_DRIFT"
+    assert (caught.value.table, caught.value.columns) == ("public.entities", ("content",))
+    assert "public.entities" in str(caught.value) and "content" in str(caught.value)
+
+
+@pytest.mark.unit
+def test_a_dropped_title_or_soft_delete_column_is_schema_drift_too() -> None:
+    for column in ("name", "deleted_at", "updated_at"):
+        with pytest.raises(SchemaDriftError) as caught:
+            plan(change(Op.UPDATE, after=_without(column)))
+        assert caught.value.columns == (column,)
+
+
+@pytest.mark.unit
+def test_a_null_mapped_column_is_present_not_missing() -> None:
+    p = plan(change(Op.CREATE, after=row(name=None, metadata=None, updated_at=None)))
+    assert p.action is Action.UPSERT
+    assert p.entity is not None and p.entity.title == ""
+
+
+@pytest.mark.unit
+def test_an_unchanged_toast_column_is_not_schema_drift() -> None:
+    # the decoder removes the placeholder from `after` and names the column as unavailable
+    event = change(Op.UPDATE, after=_without("content"), unavailable=frozenset({"content"}))
+    assert plan(event).action is Action.REFETCH
+
+
+@pytest.mark.unit
+def test_a_key_only_delete_is_not_schema_drift() -> None:
+    # REPLICA IDENTITY DEFAULT: `before` holds the key only; the delete still applies
+    p = plan(change(Op.DELETE, before={"id": "ent-1"}))
+    assert (p.action, p.entity_id) == (Action.DELETE, "entities:ent-1")

@@ -341,6 +341,10 @@ def test_a_worker_with_only_per_table_mappings_starts_and_consumes_their_topics(
     )
     worker = build_worker(settings, CollectorRegistry(), embedder=HashEmbedder())
     try:
-        assert worker.loop.subscriptions() == ["sor.crm.tickets", "sor.kb.articles"]
+        assert worker.loop.subscriptions() == [
+            "sor.crm.tickets",
+            "sor.kb.articles",
+            r"^__debezium\-heartbeat\.sor$",
+        ]
     finally:
         worker.close()

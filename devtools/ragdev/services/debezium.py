@@ -843,6 +843,22 @@ class DebeziumConnect(LocalService):
         causes = list(dict.fromkeys(errors))[:20]
         return "\n".join([*causes, "...", *text[-lines:], f"(full log: {self.log_path})"])
 
+    def exited(self) -> int | None:
+        """The JVM's exit status once it has exited on its own (the child is reaped then, so
+        no defunct process is left behind), else None (running, or never started)."""
+        proc = self._proc
+        return None if proc is None else proc.poll()
+
+    def restart(self, timeout: float = 90.0) -> DebeziumConnect:
+        """Start again after the JVM exited: the connector resumes from its stored offsets
+        and the kept replication slot (what changed meanwhile is captured then)."""
+        code = self.exited()
+        if self._proc is not None and code is None:
+            raise RagstreamError(f"Kafka Connect {self.name} still runs (pid {self._proc.pid})")
+        self._proc = None
+        self.pid_path.unlink(missing_ok=True)
+        return self.start(timeout)
+
     def kill(self) -> None:
         """SIGKILL the JVM (a crash: records sent after the last offset flush are sent again
         by the next `start()`; the slot is kept)."""

@@ -142,3 +142,57 @@ def test_unreachable_postgres_is_a_typed_unavailable_error() -> None:
             sor.check()
     finally:
         sor.close()
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def either_sor(request: pytest.FixtureRequest) -> PostgresSor | SqliteSor:
+    value: PostgresSor | SqliteSor = request.getfixturevalue(
+        "pg_sor" if request.param == "postgres" else "sqlite_sor"
+    )
+    return value
+
+
+@pytest.mark.integration
+def test_probe_names_the_tables_it_cannot_read_and_a_renamed_column(
+    either_sor: PostgresSor | SqliteSor, postgres: PostgresCluster, tmp_path: Path
+) -> None:
+    sor = either_sor
+    tables = {m.table_name: m.table for m in sor.catalog}
+    # the mapped table that does not exist is unreadable; the others are fine
+    assert set(sor.probe_tables()) == {tables["ghosts"]}
+    # a mapped content column renamed in the SoR makes its table unreadable, naming the column
+    rename = "ALTER TABLE {} RENAME COLUMN note TO remark"
+    if isinstance(sor, PostgresSor):
+        with psycopg.connect(postgres.dsn, autocommit=True) as pg:
+            pg.execute(rename.format(tables["order_lines"]).encode())
+    else:
+        lite = sqlite3.connect(tmp_path / "sor.db")
+        lite.execute(rename.format("order_lines"))
+        lite.commit()
+        lite.close()
+    found = sor.probe_tables()
+    assert set(found) == {tables["ghosts"], tables["order_lines"]}
+    assert "note" in found[tables["order_lines"]]
+
+
+@pytest.mark.integration
+def test_replication_slots_show_the_wal_an_inactive_slot_retains(
+    pg_sor: PostgresSor, postgres: PostgresCluster
+) -> None:
+    slot = f"probe_{uuid.uuid4().hex[:8]}"
+    table = f"wal_filler_{slot}"
+    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        try:
+            conn.execute(f"CREATE TABLE {table} (x text)".encode())
+            conn.execute(
+                f"INSERT INTO {table} SELECT md5(g::text) || repeat('x', 1000)"
+                " FROM generate_series(1, 500) g".encode()
+            )
+            found = {s.name: s for s in pg_sor.replication_slots()}
+            assert slot in found
+            assert found[slot].active is False and found[slot].plugin == "pgoutput"
+            assert found[slot].retained_bytes > 500_000
+        finally:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            conn.execute(f"DROP TABLE IF EXISTS {table}".encode())

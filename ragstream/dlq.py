@@ -1,0 +1,197 @@
+"""`ragstream dlq replay`: bring back what was dead-lettered, once its cause is fixed.
+
+Each dead-lettered change record names an entity (its table's key) and usually its tenant. The
+replay reads that identity with the *current* table mappings (`ragcore.plan.identity_of`: key and
+tenant columns only, so a record that lacks a since-restored column still names its entity) and
+re-reads each named entity from the system of record through the worker's write path
+(`IngestHandler.reread`): what the SoR holds now is indexed, a row that is gone is deleted.
+Re-reading instead of re-applying the old event means the replay can never put an outdated
+version over a newer one, and running it twice is harmless.
+
+Records whose cause is not fixed (they cannot be decoded, their table is not mapped, or their
+entity still cannot be read or indexed, e.g. a mapped column is still missing in the SoR) are
+listed and nothing is committed: the command exits 1 and the next run sees them again. When
+everything was replayed, the replay group's offsets are committed, so a
+later run starts after them (`--from-beginning` reads the whole DLQ again). Records dead-lettered
+by policy (`POLICY_*`: a truncate or logical message the policy sends to the DLQ) name no
+entity and are left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from ragcore.errors import RagstreamError
+from ragcore.kafka_config import KafkaSettings
+from ragcore.plan import PlanConfig, identity_of
+from schemas.events import ChangeEvent, RawRecord
+from streams.consumer import DLQ_HEADER_PREFIX, to_raw
+from streams.ingest import Rejection
+
+log = logging.getLogger(__name__)
+
+_CODE = DLQ_HEADER_PREFIX + "error.code"
+_SOURCE = DLQ_HEADER_PREFIX + "source."
+
+
+class Rereader(Protocol):
+    """The worker's re-read path (`IngestHandler.reread`)."""
+
+    def reread(self, tenant_id: str, entity_ids: Sequence[str], reason: str) -> list[Rejection]:
+        """Re-read entities from the SoR and apply what it holds now."""
+        ...
+
+
+@dataclass
+class ReplayReport:
+    """What a replay did."""
+
+    read: int = 0
+    entities: int = 0
+    skipped: int = 0
+    failing: list[dict[str, Any]] = field(default_factory=list)
+    committed: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form (the command's output)."""
+        return {
+            "read": self.read,
+            "entities_reread": self.entities,
+            "skipped": self.skipped,
+            "still_failing": self.failing,
+            "committed": self.committed,
+        }
+
+
+def original_record(dlq: RawRecord) -> tuple[RawRecord, str]:
+    """The record as it was before it was dead-lettered (its source topic, partition and offset
+    from the `ragstream.source.*` headers), and the error code it was dead-lettered with."""
+    found = {k: (v or b"").decode() for k, v in dlq.headers if k.startswith(DLQ_HEADER_PREFIX)}
+    original = tuple((k, v) for k, v in dlq.headers if not k.startswith(DLQ_HEADER_PREFIX))
+    topic = found.get(_SOURCE + "topic")
+    if not topic:
+        raise RagstreamError(f"{dlq.topic}[{dlq.partition}]@{dlq.offset}: no source headers")
+    return (
+        RawRecord(
+            topic=topic,
+            partition=int(found.get(_SOURCE + "partition") or 0),
+            offset=int(found.get(_SOURCE + "offset") or 0),
+            key=dlq.key,
+            value=dlq.value,
+            headers=original,
+        ),
+        found.get(_CODE, ""),
+    )
+
+
+def replay_records(
+    records: Sequence[RawRecord],
+    *,
+    decode: Callable[[RawRecord], ChangeEvent],
+    config: PlanConfig,
+    handler: Rereader,
+    known_tenants: Callable[[], Sequence[str]],
+) -> ReplayReport:
+    """Re-read every entity the dead-lettered `records` name (see the module docstring)."""
+    report = ReplayReport(read=len(records))
+    by_tenant: dict[str, dict[str, RawRecord]] = {}
+    for dlq in records:
+        where = f"{dlq.topic}[{dlq.partition}]@{dlq.offset}"
+        try:
+            raw, code = original_record(dlq)
+            if code.startswith("POLICY_"):
+                report.skipped += 1
+                continue
+            named = identity_of(decode(raw), config)
+        except RagstreamError as exc:
+            report.failing.append({"dlq": where, "code": exc.code, "reason": str(exc)})
+            continue
+        if named is None:
+            report.skipped += 1
+            continue
+        entity_id, tenants = named
+        # a delete whose row carried no tenant: wherever the entity may be indexed
+        for tenant in [t for t in tenants if t is not None] or list(known_tenants()):
+            by_tenant.setdefault(tenant, {})[entity_id] = dlq
+    for tenant, entities in sorted(by_tenant.items()):
+        report.entities += len(entities)
+        for rejection in handler.reread(tenant, list(entities), "dlq_replay"):
+            source = entities.get(rejection.entity_id)
+            where = f"{source.topic}[{source.partition}]@{source.offset}" if source else "?"
+            report.failing.append(
+                {
+                    "dlq": where,
+                    "entity_id": rejection.entity_id,
+                    "code": rejection.code,
+                    "reason": rejection.reason,
+                }
+            )
+    return report
+
+
+def read_dlq(
+    kafka: KafkaSettings,
+    topic: str,
+    group_id: str,
+    *,
+    from_beginning: bool,
+    idle_s: float = 3.0,
+    limit: int = 100_000,
+) -> tuple[Consumer, list[RawRecord]]:
+    """Every DLQ record after the replay group's committed offsets (or all of them), read until
+    nothing arrives for `idle_s`. The consumer stays open for `commit`."""
+    consumer = Consumer(
+        {
+            **kafka.client_config(),
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+            "fetch.wait.max.ms": 50,
+        }
+    )
+    metadata = consumer.list_topics(topic, timeout=10)
+    meta = metadata.topics.get(topic)
+    if meta is None or meta.error is not None or not meta.partitions:
+        consumer.close()
+        raise RagstreamError(f"DLQ topic {topic!r} does not exist")
+    partitions = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+    if from_beginning:
+        partitions = [TopicPartition(topic, p.partition, 0) for p in partitions]
+    else:
+        committed = consumer.committed(partitions, timeout=10)
+        partitions = [
+            TopicPartition(topic, p.partition, p.offset if p.offset >= 0 else 0) for p in committed
+        ]
+    consumer.assign(partitions)
+    records: list[RawRecord] = []
+    while len(records) < limit:
+        msg = consumer.poll(idle_s)
+        if msg is None:
+            break
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                continue
+            consumer.close()
+            raise RagstreamError(f"reading the DLQ failed: {err}")
+        records.append(to_raw(msg))
+    return consumer, records
+
+
+def commit_after(consumer: Consumer, records: Sequence[RawRecord]) -> None:
+    """Commit the replay group past `records`."""
+    last: dict[tuple[str, int], int] = {}
+    for rec in records:
+        key = (rec.topic, rec.partition)
+        last[key] = max(rec.offset, last.get(key, -1))
+    if last:
+        consumer.commit(
+            offsets=[TopicPartition(t, p, o + 1) for (t, p), o in last.items()], asynchronous=False
+        )

@@ -1,0 +1,416 @@
+"""Faults on real CDC: PostgreSQL 15 -> real Debezium -> tansu -> the worker -> gRPC Retrieve.
+
+Each scenario breaks something an operator meets in production, checks that the fault is
+visible (metric, log line, DLQ record, health) and ends with the index equal to the SoR
+(`reconcile` reports zero drift in every tenant, never repairing) and Retrieve answering from
+the current SoR, with no manual step other than what the runbook in docs/runbooks/ says.
+
+One stack for the module (the `cdc` stack of test_real_cdc.py, with heartbeats every second,
+the worker's liveness watch running and a 3 s silence threshold); the scenarios run in file
+order and each leaves the index equal to the SoR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import grpc
+import psycopg
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
+from pydantic import SecretStr
+
+from ragcore.kafka_config import KafkaSettings
+from ragcore.plan import PlanConfig
+from ragcore.settings import SorSettings, StoreSettings
+from ragcore.wiring import build_store, payload_schema
+from ragdev.services.debezium import DebeziumConnect, PostgresSource
+from ragdev.services.postgres import PostgresCluster
+from ragdev.services.tansu import TansuBroker
+from ragstream.dlq import ReplayReport, commit_after, read_dlq, replay_records
+from retrieval_api.app import build_app
+from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
+from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
+from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
+from streams.app import build_worker
+from streams.decode import decode_record
+from streams.liveness import LivenessSettings
+from streams.settings import IngestSettings
+from tests.conftest import REPO_ROOT
+from tests.e2e.test_real_cdc import (
+    TABLES_SQL,
+    TENANTS,
+    TOKENS,
+    V2,
+    Cdc,
+    eventually,
+    mappings,
+    wait_for_topics,
+)
+from tests.retrieval_api.stack import RecordingPublisher
+from tests.streams.support import HashEmbedder, create_topics, fast_consumer, read_all
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+HEARTBEAT_HB = "__debezium-heartbeat"
+
+
+@dataclass
+class FaultCdc(Cdc):
+    """The CDC stack with the worker's source watch (liveness, slots, WAL gaps) running."""
+
+    watch: threading.Thread | None = None
+
+    def start_worker(self) -> None:
+        super().start_worker()
+        self.watch = threading.Thread(target=self.worker.watch_sources, daemon=True)
+        self.watch.start()
+
+    def stop_worker(self) -> None:
+        super().stop_worker()
+        if self.watch is not None:
+            self.watch.join(30)
+
+    def age(self) -> float:
+        return self.metric("ragstream_source_heard_age_seconds", {"source": self.prefix})
+
+    def slot_active(self) -> float:
+        return self.metric("ragstream_sor_replication_slot_active", {"slot": self.dbz.slot})
+
+    def replay(self) -> ReplayReport:
+        """`ragstream dlq replay`, in process (qdrant-edge allows one opener: the worker's)."""
+        options = self.worker.settings.decode.options()
+        consumer, records = read_dlq(
+            KafkaSettings(bootstrap_servers=self.broker.bootstrap_servers),
+            self.dlq,
+            f"{self.group}-dlq-replay",
+            from_beginning=False,
+            idle_s=2.0,
+        )
+        try:
+            report = replay_records(
+                records,
+                decode=lambda raw: decode_record(raw, options),
+                config=self.plan,
+                handler=self.worker.handler,
+                known_tenants=self.worker.targets.known_tenants,
+            )
+            if not report.failing:
+                commit_after(consumer, records)
+                report.committed = True
+        finally:
+            consumer.close()
+        return report
+
+    def refresh_health(self) -> None:
+        loop = self.loop
+        assert loop is not None
+        asyncio.run_coroutine_threadsafe(self.app.server.refresh_health(), loop).result(30)
+
+    def health(self, service: str) -> int:
+        assert self.channel is not None
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+        status: int = reply.status
+        return status
+
+    loop: asyncio.AbstractEventLoop | None = None
+    channel: grpc.Channel | None = None
+    retrieve_metrics: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+
+@pytest.fixture(scope="module")
+def cdc(
+    postgres: PostgresCluster, kafka_broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[FaultCdc]:
+    suffix = uuid.uuid4().hex[:8]
+    schema, prefix = f"flt_{suffix}", f"flt{suffix}"
+    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"'.encode())
+        conn.execute(f'SET search_path TO "{schema}"'.encode())
+        conn.execute((REPO_ROOT / "schemas" / "sql" / "entities.postgres.sql").read_bytes())
+        conn.execute(TABLES_SQL.encode())
+        conn.execute(
+            "INSERT INTO entities (id, company_id, name, content) VALUES"
+            " ('s-1', 'acme', 'Refund policy', 'Refunds are issued within thirty days.'),"
+            " ('s-2', 'globex', 'Seals', 'Pump seals are checked every thousand hours.')"
+        )
+    tables = [f"{schema}.{t}" for t in ("entities", "order_lines", "products")]
+    dbz = DebeziumConnect(
+        bootstrap_servers=kafka_broker.bootstrap_servers,
+        source=PostgresSource("127.0.0.1", postgres.port, "postgres", "postgres"),
+        tables=tables,
+        topic_prefix=prefix,
+        name=prefix,
+        work_dir=tmp_path_factory.mktemp("connect"),
+        connector={"poll.interval.ms": "50", "heartbeat.interval.ms": "1000"},
+    )
+    plan = PlanConfig(tables=mappings(schema), topic_prefix=prefix)
+    # order_lines and products start empty: their topics exist before their first change
+    create_topics(kafka_broker.bootstrap_servers, *plan.catalog.topics(), partitions=1)
+    dbz.start(timeout=240)  # a loaded CI machine starts the JVM slowly
+    try:
+        wait_for_topics(
+            kafka_broker.bootstrap_servers, [*plan.catalog.topics(), f"{HEARTBEAT_HB}.{prefix}"]
+        )
+        dlq, group = f"{prefix}.dlq", f"ingest-{suffix}"
+        create_topics(kafka_broker.bootstrap_servers, dlq, partitions=1)
+        data_dir = tmp_path_factory.mktemp("store")
+        sor = SorSettings(kind="postgres", dsn=SecretStr(postgres.dsn))
+        settings = IngestSettings(
+            kafka=KafkaSettings(bootstrap_servers=kafka_broker.bootstrap_servers),
+            consumer=fast_consumer(dlq, group),
+            store=StoreSettings(data_dir=data_dir),
+            sor=sor,
+            plan=plan,
+            embedding_cache=None,
+            liveness=LivenessSettings(silent_after_s=3.0, check_interval_s=0.5),
+        )
+        store = build_store(settings.store, payload_schema(plan))
+        embedder, next_embedder = HashEmbedder(), HashEmbedder(V2)
+        worker = build_worker(
+            settings,
+            CollectorRegistry(),
+            store=store,
+            embedder=embedder,
+            next_embedder=next_embedder,
+        )
+        worker.check()
+        publisher = RecordingPublisher()
+        retrieve_metrics = CollectorRegistry()
+        app = build_app(
+            RetrieveSettings(
+                grpc=GrpcSettings(port=0),
+                auth=AuthSettings(
+                    tokens={t: hashlib.sha256(v.encode()).hexdigest() for t, v in TOKENS.items()}
+                ),
+                store=StoreSettings(data_dir=data_dir),
+                sor=sor,
+                plan=plan,
+            ),
+            retrieve_metrics,
+            store=store,
+            embedder=HashEmbedder(),
+            next_embedder=HashEmbedder(V2),
+            publisher=publisher,
+        )
+        loop = asyncio.new_event_loop()
+        loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
+        loop_thread.start()
+        asyncio.run_coroutine_threadsafe(app.server.start(), loop).result(30)
+        channel = grpc.insecure_channel(f"127.0.0.1:{app.server.port}")
+        stack = FaultCdc(
+            postgres,
+            kafka_broker,
+            schema,
+            prefix,
+            data_dir,
+            dbz,
+            plan,
+            store,
+            embedder,
+            next_embedder,
+            worker,
+            app,
+            publisher,
+            pb_grpc.RetrievalServiceStub(channel),
+            dlq,
+            group,
+        )
+        stack.loop, stack.channel, stack.retrieve_metrics = loop, channel, retrieve_metrics
+        stack.start_worker()
+        yield stack
+        stack.stop_worker()
+        channel.close()
+        asyncio.run_coroutine_threadsafe(app.server.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(10)
+        app.close()
+        worker.close()
+        store.close()
+    finally:
+        dbz.stop()
+        with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE'.encode())
+
+
+def top_entity(cdc: Cdc, tenant: str, query: str) -> str:
+    pack = cdc.ask(tenant, query)
+    assert pack.status == pb.RETRIEVAL_STATUS_SUCCESS, pack
+    return str(pack.results[0].entity_id)
+
+
+# --- the scenarios -------------------------------------------------------------------------------
+
+
+def test_heartbeats_keep_a_quiet_source_alive(cdc: FaultCdc) -> None:
+    cdc.converged()
+    # nothing changes in the SoR, yet the connector is heard from every second
+    time.sleep(4)
+    eventually(lambda: cdc.age() < 2.5, 20, "a heartbeat within the last 2.5 s")
+    eventually(lambda: cdc.slot_active() == 1, 20, "the slot has its consumer")
+    assert cdc.metric("ragstream_ingest_events_total", {"op": "heartbeat", "outcome": "skipped"})
+
+
+def test_debezium_down_is_loud_and_what_changed_meanwhile_arrives_after_restart(
+    cdc: FaultCdc, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    cdc.converged()
+    cdc.dbz.kill()  # the Kafka Connect JVM dies (SIGKILL; reaped: no defunct process)
+    assert cdc.dbz.exited() is not None and cdc.dbz.pid is None
+    # "minutes" compressed honestly: many changes, of every kind, while it is down
+    for n in range(120):
+        cdc.put(f"down-{n}", TENANTS[n % 2], f"Outage ledger entry {n} about valve {n * 7}.")
+    cdc.sql(
+        "UPDATE entities SET content = 'Refunds are issued within fourteen days.',"
+        " updated_at = now() WHERE id = 's-1'"
+    )
+    cdc.sql("DELETE FROM entities WHERE id IN ('down-0', 'down-1', 'down-2')")
+    waited = eventually(lambda: cdc.age() > 3.0, 30, "the source's age passes 3 s")
+    assert waited < 15
+    eventually(
+        lambda: any(
+            "nothing heard from its Debezium connector" in r.getMessage() for r in caplog.records
+        ),
+        15,
+        "the worker's WARNING naming the silent source",
+    )
+    eventually(lambda: cdc.slot_active() == 0, 20, "the slot without consumer is exported")
+    retained = cdc.metric("ragstream_sor_replication_slot_retained_bytes", {"slot": cdc.dbz.slot})
+    assert retained > 0
+    assert "entities:down-50" not in cdc.index()["acme"]  # not captured while down
+
+    cdc.dbz.restart(timeout=240)  # resumes from its stored offsets and the kept slot
+    cdc.converged(timeout=120)
+    assert cdc.age() < 3.0
+    assert any("heard again" in r.getMessage() for r in caplog.records)
+    assert top_entity(cdc, "acme", "refunds issued within fourteen days") == "entities:s-1"
+    acme = cdc.index()["acme"]
+    assert "entities:down-50" in acme and "entities:down-0" not in acme
+
+
+def test_a_renamed_content_column_dead_letters_its_events_and_replay_brings_them_back(
+    cdc: FaultCdc,
+) -> None:
+    cdc.converged()
+    dlq_before = len(read_all(cdc.broker.bootstrap_servers, cdc.dlq, timeout=3))
+    table = f"{cdc.schema}.order_lines"
+    cdc.sql("ALTER TABLE order_lines RENAME COLUMN note TO remark")
+    cdc.sql(
+        "INSERT INTO order_lines VALUES (3003, 1, 'acme', 'Gasket G-9', 'Fits the GX-300.'),"
+        " (3003, 2, 'globex', 'Valve V-2', 'Brass body.')"
+    )
+    # another table keeps flowing meanwhile, and ADD COLUMN elsewhere changes nothing
+    cdc.sql("ALTER TABLE products ADD COLUMN color text")
+    cdc.sql(
+        "INSERT INTO products (sku, vendor, title, specs, color) VALUES"
+        " ('GX-500', 'globex', 'GX-500 compressor', '{\"stages\": 2}', 'red')"
+    )
+    cdc.put("after-rename", "acme", "The canteen opens at half past eleven.")
+    eventually(
+        lambda: (
+            cdc.metric("ragstream_ingest_schema_drift_total", {"table": table, "column": "note"})
+            == 2
+        ),
+        60,
+        "both order lines counted as schema drift",
+    )
+    eventually(lambda: "products:GX-500" in cdc.index()["globex"], 60, "the other table flows")
+    eventually(lambda: "entities:after-rename" in cdc.index()["acme"], 60, "entities flow")
+    letters = read_all(cdc.broker.bootstrap_servers, cdc.dlq, timeout=5)[dlq_before:]
+    assert len(letters) == 2
+    for letter in letters:
+        headers = {k: (v or b"").decode() for k, v in letter.headers() or []}
+        assert headers["ragstream.error.code"] == "SCHEMA_DRIFT"
+        assert table in headers["ragstream.error.message"]
+        assert "note" in headers["ragstream.error.message"]
+    index = cdc.index()
+    assert "order_lines:3003,1" not in index["acme"]  # never indexed as if `note` were empty
+    # Retrieve reports the table it cannot verify through its health and a gauge
+    cdc.refresh_health()
+    assert cdc.health(f"sor:{table}") == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert cdc.health("") == health_pb2.HealthCheckResponse.SERVING
+    unreadable = {"table": table}
+    assert (
+        cdc.retrieve_metrics.get_sample_value("ragstream_retrieve_sor_table_unreadable", unreadable)
+        == 1
+    )
+    # while the mapping still reads `note`, a replay fixes nothing and commits nothing
+    report = cdc.replay()
+    assert report.failing and not report.committed
+
+    cdc.sql("ALTER TABLE order_lines RENAME COLUMN remark TO note")  # the fix (runbook)
+    report = cdc.replay()
+    assert (report.failing, report.committed) == ([], True)
+    assert report.entities == 2
+    cdc.refresh_health()
+    assert cdc.health(f"sor:{table}") == health_pb2.HealthCheckResponse.SERVING
+    cdc.converged()
+    assert "order_lines:3003,1" in cdc.index()["acme"]
+    assert top_entity(cdc, "globex", "brass valve V-2") == "order_lines:3003,2"
+    assert cdc.replay().read == 0  # the replay group committed past them
+
+
+def test_a_dropped_replication_slot_is_a_wal_gap_closed_by_an_automatic_reconcile(
+    cdc: FaultCdc, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    cdc.converged()
+    cdc.dbz.kill()
+    with psycopg.connect(cdc.pg.dsn, autocommit=True) as conn:
+        eventually(
+            lambda: (
+                conn.execute(
+                    "SELECT NOT active FROM pg_replication_slots WHERE slot_name = %s",
+                    (cdc.dbz.slot,),
+                ).fetchone()
+                == (True,)
+            ),
+            30,
+            "the walsender let go of the slot",
+        )
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (cdc.dbz.slot,))
+    # changes in the gap: no slot holds them, they never reach Kafka
+    for n in range(20):
+        cdc.put(f"gap-{n}", TENANTS[n % 2], f"Gap ledger entry {n} about pump {n * 3}.")
+    cdc.sql("DELETE FROM entities WHERE id = 's-2'")
+    eventually(
+        lambda: cdc.metric("ragstream_sor_wal_gaps_total", {"slot": cdc.dbz.slot}) == 1,
+        30,
+        "the vanished slot counted as a WAL gap",
+    )
+    cdc.dbz.restart(timeout=240)  # a new slot: streams from now on
+    cdc.converged(timeout=120)  # the worker's own reconcile closed the gap
+    assert any("closing the WAL gap" in r.getMessage() for r in caplog.records)
+    assert "entities:gap-7" in cdc.index()["globex"]
+    assert "entities:s-2" not in cdc.index()["globex"]
+    cdc.put("after-gap", "acme", "The new badge readers accept phone wallets.")
+    cdc.converged()
+    assert top_entity(cdc, "acme", "badge readers phone wallets") == "entities:after-gap"
+
+
+def test_postgresql_restarted_mid_stream_loses_nothing(cdc: FaultCdc) -> None:
+    cdc.converged()
+    for n in range(30):
+        cdc.put(f"crash-{n}", TENANTS[n % 2], f"Crash ledger entry {n} about motor {n * 5}.")
+    # a crash of the SoR server while Debezium streams those (immediate stop, same data)
+    cdc.pg.stop(keep_data=True)
+    cdc.pg.start()
+    for n in range(30, 45):
+        cdc.put(f"crash-{n}", TENANTS[n % 2], f"Crash ledger entry {n} about motor {n * 5}.")
+    cdc.sql("DELETE FROM entities WHERE id = 'crash-3'")
+    # Debezium's task retries the lost connection; the worker's SoR pool reconnects
+    cdc.converged(timeout=180)
+    acme = cdc.index()["acme"]
+    assert {"entities:crash-0", "entities:crash-28", "entities:crash-44"} <= acme
+    assert "entities:crash-3" not in cdc.index()["globex"]
+    assert top_entity(cdc, "globex", "crash ledger entry about motor 215") == "entities:crash-43"
