@@ -13,7 +13,8 @@ The steps, and why they are safe while the active version keeps serving and chan
    the new model: `RAGSTREAM_NEXT_EMBEDDER` during a model change).
 3. *Snapshot*: scan the tenant's live SoR rows and write them to N+1 through the worker's own
    write path (the same chunking, hashing, version ordering and unchanged-content skip). A
-   snapshot row older than what a worker already wrote is skipped by version ordering.
+   snapshot row has no source position, so it is applied over what a worker streamed into
+   N+1 meanwhile (docs/decisions/change-ordering.md); the catch-up repairs that.
 4. *Catch up*: reconcile N+1 against the SoR and repair until no drift is left. This closes
    the races a snapshot cannot (a delete applied before the snapshot's older copy landed, a
    change a worker applied before it saw N+1, a SoR without `updated_at`).
@@ -357,7 +358,7 @@ class _Job:
         began = last = time.perf_counter()
         for batch in _batches(self.sor.scan(report.tenant, batch=500), self.options.batch):
             rows = SorBatch(report.tenant, "reindex", entities=tuple(batch))
-            report.rejected.extend(self.writer.apply_rows(rows))
+            report.rejected.extend(self.writer.apply_rows(rows).rejections)
             report.written += len(batch)
             now = time.perf_counter()
             if now - last >= 2.0 or report.written >= total:
@@ -424,7 +425,7 @@ class _Job:
             for start in range(0, len(drifted), 200):
                 chunk = drifted[start : start + 200]
                 rows = SorBatch(self.report.tenant, "reindex", reread=tuple(chunk))
-                self.report.rejected.extend(self.writer.apply_rows(rows))
+                self.report.rejected.extend(self.writer.apply_rows(rows).rejections)
         left = self.drifted()
         if not left:
             self.progress("catch-up: the new version matches the SoR")

@@ -72,3 +72,9 @@ class RetrieveMetrics:
             "Reindex requests published for stale, deleted or missing entities.",
             registry=registry,
         )
+        self.reindex_requests_suppressed = Counter(
+            "ragstream_retrieve_reindex_requests_suppressed_total",
+            "Reindex requests not published: the entity was requested within the cooldown "
+            "(its re-read is queued, or changed nothing).",
+            registry=registry,
+        )

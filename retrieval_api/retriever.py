@@ -8,7 +8,9 @@ pool. Domain failures raise typed `RagstreamError`s that the servicer maps to st
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -109,6 +111,7 @@ class Retriever:
         self._publisher = publisher
         self._audit_topic = audit_topic
         self._reindex_topic = reindex_topic
+        self._reindex_due = Cooldown(REINDEX_REQUEST_COOLDOWN_S, REINDEX_REQUEST_MEMO)
         self._audit_key = audit_key
         self._reranker = reranker if config.rerank_enabled else None
         self._attribute_fields = tuple(attribute_fields)
@@ -318,6 +321,10 @@ class Retriever:
         if self._publisher is None:
             return
         for entity_id, reason in stale:
+            if not self._reindex_due.first(f"{request.tenant}:{entity_id}:{reason.value}"):
+                # requested within the cooldown: its re-read is queued or changed nothing
+                self._metrics.reindex_requests_suppressed.inc()
+                continue
             self._metrics.reindex_requests.inc()
             self._publisher.publish(
                 self._reindex_topic,
@@ -350,6 +357,41 @@ class Retriever:
         self._publisher.publish(self._audit_topic, pack.request_id, record)
         for row in result_records(pack, requested_at=at):
             self._publisher.publish(self._audit_topic, pack.request_id, row)
+
+
+#: A stale hit is re-requested at most once per this many seconds per entity and reason: a
+#: re-read that changed nothing (what the SoR holds is indexed; the check disagrees for another
+#: reason) must not loop through the worker on every query (docs/decisions/change-ordering.md).
+REINDEX_REQUEST_COOLDOWN_S = 300.0
+#: The entities remembered for the cooldown (the oldest are forgotten first).
+REINDEX_REQUEST_MEMO = 10_000
+
+
+class Cooldown:
+    """Remembers when a key was last let through; `first` is True at most once per `seconds`
+    per key (at most `size` keys remembered, the oldest forgotten first)."""
+
+    def __init__(
+        self, seconds: float, size: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._seconds = seconds
+        self._size = size
+        self._clock = clock
+        self._last: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def first(self, key: str) -> bool:
+        """True when `key` was not let through within the cooldown (and lets it through)."""
+        now = self._clock()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self._seconds:
+                return False
+            self._last[key] = now
+            self._last.move_to_end(key)
+            while len(self._last) > self._size:
+                self._last.popitem(last=False)
+            return True
 
 
 class _Stages:

@@ -41,12 +41,13 @@ _DOCUMENT_FORMATS = frozenset(
 
 
 class EntityVersion(BaseModel):
-    """How new an entity's row is in the SoR, for ordering events of the same entity.
+    """Where an entity's row stands in the SoR's history, for ordering changes of one entity.
 
-    Ordering rule (docs/decisions/chunk-ids-and-versions.md): compare `updated_at_us` first, then
-    `lsn`; when both are
-    equal, a snapshot row never beats a streamed row (a snapshot read may overlap events the
-    stream already delivered).
+    The ordering rule (docs/decisions/change-ordering.md): changes are ordered by the database's
+    commit order as Debezium delivers it, i.e. by their source position (`lsn`), never by an
+    application clock. `updated_at_us` breaks the tie only between two versions that both lack
+    a source position. A re-read of the SoR is not ordered by this rule: it is the truth at the
+    time of the read (`streams.ingest.resolve`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -55,17 +56,26 @@ class EntityVersion(BaseModel):
     lsn: int | None = None
     snapshot: bool = False
 
-    def sort_key(self) -> tuple[int, int, int]:
-        """A total order key: greater means newer."""
-        return (
-            self.updated_at_us if self.updated_at_us is not None else -1,
-            self.lsn if self.lsn is not None else -1,
-            0 if self.snapshot else 1,
-        )
-
     def is_older_than(self, other: EntityVersion) -> bool:
-        """True when this version must not overwrite `other`."""
-        return self.sort_key() < other.sort_key()
+        """True only when `other` is known to come later in the SoR's commit order: this
+        version must not overwrite it.
+
+        Both with a source position: the lower LSN is older; at the same LSN a snapshot row
+        loses to a streamed one (a snapshot read may overlap what the stream delivered). Both
+        without one: `updated_at` decides when both have it, then the snapshot flag. One with
+        and one without: nothing is known, and missing information never proves a version
+        older (it is applied; Retrieve's SoR check and reconcile catch what is stale).
+        """
+        if self.lsn is not None and other.lsn is not None:
+            if self.lsn != other.lsn:
+                return self.lsn < other.lsn
+            return self.snapshot and not other.snapshot
+        if self.lsn is not None or other.lsn is not None:
+            return False
+        a, b = self.updated_at_us, other.updated_at_us
+        if a is not None and b is not None and a != b:
+            return a < b
+        return self.snapshot and not other.snapshot
 
 
 class Entity(BaseModel):

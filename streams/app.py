@@ -139,7 +139,8 @@ class IngestWorker:
             )
             log.info(
                 "reconcile %s: %d missing, %d extra, %d stale of %d SoR entities "
-                "(index %.2f s, SoR %.2f s, %d repaired)",
+                "(index %.2f s, SoR %.2f s, %d repaired, %d unchanged by the re-read, "
+                "%d raced, %d rejected)",
                 tenant,
                 len(report.missing),
                 len(report.extra),
@@ -148,6 +149,9 @@ class IngestWorker:
                 report.index_seconds,
                 report.sor_seconds,
                 report.repaired,
+                report.repair_unchanged,
+                report.repair_raced,
+                report.repair_rejected,
             )
             reports.append(report)
         self.reconcile_metrics.record_all(reports)

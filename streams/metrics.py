@@ -82,6 +82,13 @@ class IngestMetrics:
             "Change events older than the indexed version of their entity (not applied).",
             registry=registry,
         )
+        self.rereads = Counter(
+            "ragstream_ingest_rereads_total",
+            "Entities re-read from the SoR (TOAST refetches, reindex requests, repairs) by what "
+            "the re-read did: changed, unchanged, raced (a change landed meanwhile) or rejected.",
+            ["outcome"],
+            registry=registry,
+        )
         self.chunks_upserted = Counter(
             "ragstream_ingest_chunks_upserted_total",
             "Chunks written to the store.",

@@ -75,7 +75,15 @@ class ReconcileReport:
     tables: dict[str, TableCounts] = field(default_factory=dict)
     sor_seconds: float = 0.0
     index_seconds: float = 0.0
+    #: drifted entities the repair changed (written or deleted)
     repaired: int = 0
+    #: drifted entities whose re-read changed nothing (what the SoR holds is indexed already:
+    #: the drift is in how the two sides are compared, not in the index)
+    repair_unchanged: int = 0
+    #: drifted entities a streamed change rewrote while they were re-read (left to it)
+    repair_raced: int = 0
+    #: drifted entities the SoR holds but that cannot be indexed (see the worker's log)
+    repair_rejected: int = 0
     repair_seconds: float = 0.0
 
     @property
@@ -230,10 +238,14 @@ def reconcile(
         started = time.perf_counter()
         drifted: Sequence[str] = [*report.missing, *report.stale, *report.extra]
         for start in range(0, len(drifted), 200):
-            handler.apply_rows(
+            done = handler.apply_rows(
                 SorBatch(tenant, "reconcile", reread=tuple(drifted[start : start + 200]))
             )
-        report.repaired = len(drifted)
+            # only what the repair changed counts as repaired
+            report.repaired += len(done.changed)
+            report.repair_unchanged += len(done.unchanged)
+            report.repair_raced += len(done.raced)
+            report.repair_rejected += len(done.rejections)
         report.repair_seconds = round(time.perf_counter() - started, 3)
     return report
 

@@ -52,7 +52,8 @@ def version_payload(version: EntityVersion) -> dict[str, Any]:
 
 
 def indexed_version(refs: Mapping[str, ChunkRef]) -> EntityVersion | None:
-    """The version stored with an entity's chunks (the newest among them)."""
+    """The version stored with an entity's chunks (the newest among them, by the ordering rule
+    of `EntityVersion.is_older_than`)."""
     versions = [
         EntityVersion(
             updated_at_us=ref.payload.get(VERSION_UPDATED_AT),
@@ -61,7 +62,11 @@ def indexed_version(refs: Mapping[str, ChunkRef]) -> EntityVersion | None:
         )
         for ref in refs.values()
     ]
-    return max(versions, key=EntityVersion.sort_key) if versions else None
+    newest: EntityVersion | None = None
+    for version in versions:
+        if newest is None or newest.is_older_than(version):
+            newest = version
+    return newest
 
 
 def row_fields(

@@ -11,7 +11,6 @@ write through `SorWriter.apply_rows`.
 """
 
 from streams.ingest.handler import IngestHandler
-from streams.ingest.order import is_provably_older
 from streams.ingest.ports import (
     Decoder,
     EntityPreparer,
@@ -22,7 +21,7 @@ from streams.ingest.ports import (
     SparseEncoder,
     TargetIndex,
 )
-from streams.ingest.work import Rejection, SorBatch
+from streams.ingest.work import Rejection, RereadOutcome, SorBatch, SorWritten
 
 __all__ = [
     "Decoder",
@@ -31,10 +30,11 @@ __all__ = [
     "IngestHandler",
     "Planner",
     "Rejection",
+    "RereadOutcome",
     "RowSource",
     "SorBatch",
     "SorWriter",
+    "SorWritten",
     "SparseEncoder",
     "TargetIndex",
-    "is_provably_older",
 ]

@@ -10,18 +10,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ragcore.errors import ChunkingError, MappingError
-from ragcore.store.base import CHUNK_ID, ENTITY_ID, ENTITY_TYPE, SOURCE_HASH, ChunkRef, StoreFilter
+from ragcore.store.base import ENTITY_TYPE
 from ragcore.store.points import CHUNK_COUNT, VERSION_UPDATED_AT, indexed_version
 from schemas.entities import Chunk, Entity
 from streams.ingest.context import Stages
-from streams.ingest.order import is_provably_older
+from streams.ingest.indexed import Key, Refs, fingerprint, manifests
 from streams.ingest.ports import EntityPreparer, TargetIndex
-from streams.ingest.work import NO_FAULTS, Faults, Rejection, Work
+from streams.ingest.work import NO_FAULTS, Faults, Fingerprint, Rejection, Upsert, Work
 
-#: What a write target needs for an entity (`need`).
-Need = Literal["stale", "unchanged", "refresh", "chunks"]
-#: The indexed chunks of an entity in one collection, by chunk id.
-Refs = Mapping[str, ChunkRef]
+#: What a write target needs for an entity (`need`): nothing ("stale": the indexed row comes
+#: later in commit order; "raced": a re-read whose observed state changed meanwhile;
+#: "unchanged"), a payload refresh, or new chunks.
+Need = Literal["stale", "raced", "unchanged", "refresh", "chunks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +48,13 @@ class Refresh:
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What a batch of upserts needs: new chunks, payload refreshes, the texts to embed per
-    model (in the order of `writes`), and the entities that cannot be chunked."""
+    model (in the order of `writes`), the entities left as they are ("stale", "raced" or
+    "unchanged" in every target) and the entities that cannot be chunked."""
 
     writes: tuple[TargetWrite, ...]
     refresh: tuple[Refresh, ...]
     texts: Mapping[str, tuple[str, ...]]
+    left: tuple[tuple[Work, str], ...]
     faults: Faults
 
     @property
@@ -61,21 +63,23 @@ class Decision:
         return not self.writes and not self.refresh
 
 
-def decide(upserts: Sequence[tuple[Work, Entity]], stages: Stages) -> Decision:
+def decide(upserts: Sequence[Upsert], stages: Stages) -> Decision:
     """What each entity needs in each of its write targets."""
     writes: list[TargetWrite] = []
     refresh: list[Refresh] = []
     texts: dict[str, list[str]] = {}
+    left: list[tuple[Work, str]] = []
     faults = NO_FAULTS
-    manifests = _manifests([entity for _, entity in upserts], stages)
-    needs = [_needs(entity, manifests, stages) for _, entity in upserts]
+    found = manifests([(u.entity.tenant_id, u.entity.entity_id) for u in upserts], stages)
+    needs = [_needs(u, found, stages) for u in upserts]
     _prime(upserts, needs, stages)
-    for (item, entity), per_target in zip(upserts, needs, strict=True):
+    for upsert, per_target in zip(upserts, needs, strict=True):
+        item, entity = upsert.item, upsert.entity
         chunked: dict[str, tuple[Chunk, ...] | Faults] = {}  # per model (tokenizer and budget)
         outcome: str | None = None
         for target, refs, need in per_target:
-            if need == "stale":
-                outcome = "stale"
+            if need in {"stale", "raced"}:
+                outcome = need
             elif need == "unchanged":
                 outcome = outcome or "unchanged"
             elif need == "refresh":
@@ -103,16 +107,31 @@ def decide(upserts: Sequence[tuple[Work, Entity]], stages: Stages) -> Decision:
                 )
         if outcome == "stale":
             stages.metrics.skipped_older.inc()
-        if outcome in {"stale", "unchanged"}:
+        if outcome in {"stale", "raced", "unchanged"}:
             stages.count_all(item, outcome)
-    return Decision(tuple(writes), tuple(refresh), {m: tuple(t) for m, t in texts.items()}, faults)
+            left.append((item, outcome or "unchanged"))
+    texts_by_model = {m: tuple(t) for m, t in texts.items()}
+    return Decision(tuple(writes), tuple(refresh), texts_by_model, tuple(left), faults)
 
 
-def need(entity: Entity, refs: Refs, keyword_fields: Sequence[str]) -> Need:
-    """What a write target needs for `entity`, given the chunks it indexes (`refs`)."""
-    current = indexed_version(refs)
-    if current is not None and is_provably_older(entity.version, current):
-        return "stale"
+def need(
+    entity: Entity,
+    refs: Refs,
+    keyword_fields: Sequence[str],
+    observed: Fingerprint | None = None,
+) -> Need:
+    """What a write target needs for `entity`, given the chunks it indexes (`refs`).
+
+    A row from a change event or a snapshot (`observed` None) is ordered against the indexed
+    one by the ordering rule (`EntityVersion.is_older_than`); a row re-read from the SoR is the
+    truth at the time of the read and replaces the indexed state if that is still the one
+    observed before the read (a compare-and-set: a change that landed meanwhile is kept)."""
+    if observed is None:
+        current = indexed_version(refs)
+        if current is not None and entity.version.is_older_than(current):
+            return "stale"
+    elif fingerprint(refs) != observed:
+        return "raced"
     if refs and _unchanged(refs, entity, keyword_fields):
         return "unchanged"
     if refs and _same_content(refs, entity):
@@ -121,24 +140,30 @@ def need(entity: Entity, refs: Refs, keyword_fields: Sequence[str]) -> Need:
 
 
 def _needs(
-    entity: Entity, manifests: Mapping[tuple[str, str], Refs], stages: Stages
+    upsert: Upsert, found: Mapping[Key, Refs], stages: Stages
 ) -> list[tuple[TargetIndex, Refs, Need]]:
     """Each write target of the entity, its indexed chunks and what it needs."""
+    entity = upsert.entity
     out: list[tuple[TargetIndex, Refs, Need]] = []
     for target in stages.targets.write_targets(entity.tenant_id):
-        refs = manifests.get((target.collection, entity.entity_id), {})
-        out.append((target, refs, need(entity, refs, stages.keyword_fields)))
+        refs = found.get((target.collection, entity.entity_id), {})
+        observed = None
+        if upsert.observed is not None:
+            # a target that appeared after the observation had nothing indexed then
+            observed = upsert.observed.get(target.collection, frozenset())
+        out.append((target, refs, need(entity, refs, stages.keyword_fields, observed)))
     return out
 
 
 def _prime(
-    upserts: Sequence[tuple[Work, Entity]],
+    upserts: Sequence[Upsert],
     needs: Sequence[Sequence[tuple[TargetIndex, Refs, Need]]],
     stages: Stages,
 ) -> None:
     """Tokenize, per model, every entity that needs new chunks in one batch."""
     by_model: dict[str, tuple[EntityPreparer, list[Entity]]] = {}
-    for (_, entity), per_target in zip(upserts, needs, strict=True):
+    for upsert, per_target in zip(upserts, needs, strict=True):
+        entity = upsert.entity
         for target, _, what in per_target:
             if what == "chunks":
                 embedder, preparer = stages.model(target)
@@ -147,24 +172,6 @@ def _prime(
     for preparer, entities in by_model.values():
         preparer.prime(entities)
     stages.metrics.stage_seconds.labels("chunk").observe(time.perf_counter() - started)
-
-
-def _manifests(entities: Sequence[Entity], stages: Stages) -> dict[tuple[str, str], Refs]:
-    """The chunk manifests of many entities: one filtered scroll per collection and tenant
-    (and per 256 ids) instead of one query per entity."""
-    by_target: dict[tuple[str, str], list[str]] = {}
-    for entity in entities:
-        for target in stages.targets.write_targets(entity.tenant_id):
-            by_target.setdefault((target.collection, entity.tenant_id), []).append(entity.entity_id)
-    out: dict[tuple[str, str], dict[str, ChunkRef]] = {}
-    for (collection, tenant), ids in by_target.items():
-        for start in range(0, len(ids), 256):
-            flt = StoreFilter(tenant_id=tenant, entity_ids=tuple(ids[start : start + 256]))
-            for point in stages.store.scroll(collection, flt):
-                p = point.payload
-                ref = ChunkRef(point.point_id, p[CHUNK_ID], p.get(SOURCE_HASH), p)
-                out.setdefault((collection, p[ENTITY_ID]), {})[ref.chunk_id] = ref
-    return dict(out)
 
 
 def _same_content(refs: Refs, entity: Entity) -> bool:

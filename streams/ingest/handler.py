@@ -21,7 +21,7 @@ from schemas.entities import Entity
 from schemas.events import RawRecord, RecordPosition
 from streams.consumer import DeadLetter
 from streams.ingest.context import Stages
-from streams.ingest.decide import decide
+from streams.ingest.decide import Decision, decide
 from streams.ingest.plan import plan_records
 from streams.ingest.ports import (
     Decoder,
@@ -31,9 +31,9 @@ from streams.ingest.ports import (
     RowSource,
     SparseEncoder,
 )
-from streams.ingest.resolve import resolve
-from streams.ingest.work import Faults, Rejection, SorBatch, Work
-from streams.ingest.write import write
+from streams.ingest.resolve import Resolved, resolve
+from streams.ingest.work import Faults, Rejection, RereadOutcome, SorBatch, SorWritten, Work
+from streams.ingest.write import Written, write
 from streams.metrics import IngestMetrics
 
 log = logging.getLogger("streams.ingest")
@@ -41,9 +41,11 @@ log = logging.getLogger("streams.ingest")
 
 @dataclass(frozen=True, slots=True)
 class Applied:
-    """What applying one segment of work did: the work applied and what could not be."""
+    """What applying one segment of work did: the work applied (written or deleted), what each
+    entity read from the SoR became (`outcomes`, by entity id) and what could not be indexed."""
 
     applied: tuple[Work, ...]
+    outcomes: Mapping[str, RereadOutcome]
     faults: Faults
 
 
@@ -120,12 +122,12 @@ class IngestHandler:
 
     # --- SorWriter --------------------------------------------------------------------------
 
-    def apply_rows(self, batch: SorBatch) -> list[Rejection]:
+    def apply_rows(self, batch: SorBatch) -> SorWritten:
         """Write what the SoR holds through the normal write path: `batch.entities` as read
         (version ordering, unchanged-content skips, one embedding call per model), then each id
         of `batch.reread` re-read now (upserted, or deleted when the row is gone). Returns the
-        entities that could not be indexed (logged too: a SoR read has no record to DLQ).
-        Raises `ConfigError` for re-reads when no SoR is configured."""
+        entities that could not be indexed (logged too: a SoR read has no record to DLQ), and
+        which entities changed. Raises `ConfigError` for re-reads when no SoR is configured."""
         if batch.reread and self._stages.rows is None:
             raise ConfigError("re-reading entities needs a system of record (RAGSTREAM_SOR__KIND)")
         work = [
@@ -155,17 +157,29 @@ class IngestHandler:
             for n, entity_id in enumerate(dict.fromkeys(batch.reread))
         ]
         with self._lock:
-            return list(self._apply(work).faults.rejections)
+            done = self._apply(work)
+        by_outcome: dict[str, list[str]] = {"changed": [], "unchanged": [], "raced": []}
+        for entity_id, outcome in done.outcomes.items():
+            if outcome != "rejected":
+                by_outcome[outcome].append(entity_id)
+        return SorWritten(
+            changed=tuple(by_outcome["changed"]),
+            unchanged=tuple(by_outcome["unchanged"]),
+            raced=tuple(by_outcome["raced"]),
+            rejections=done.faults.rejections,
+        )
 
     def reread(self, tenant_id: str, entity_ids: Sequence[str], reason: str) -> list[Rejection]:
         """Re-read entities from the SoR and apply what it says now (upsert, or delete when the
         row is gone): `apply_rows` of ids. Raises when no SoR is configured."""
-        return self.apply_rows(SorBatch(tenant_id, reason, reread=tuple(entity_ids)))
+        batch = SorBatch(tenant_id, reason, reread=tuple(entity_ids))
+        return list(self.apply_rows(batch).rejections)
 
     def upsert_entities(self, entities: Sequence[Entity], reason: str) -> list[Rejection]:
         """Write entities read from the SoR (a snapshot): `apply_rows` of entities."""
         tenant = entities[0].tenant_id if entities else ""
-        return self.apply_rows(SorBatch(tenant, reason, entities=tuple(entities)))
+        batch = SorBatch(tenant, reason, entities=tuple(entities))
+        return list(self.apply_rows(batch).rejections)
 
     def for_targets(
         self, targets: IndexTargets, embedder: Embedder, preparer: EntityPreparer
@@ -210,7 +224,52 @@ class IngestHandler:
         decision = decide(resolved.upserts, self._stages)
         written = write(decision, self._stages)
         faults = resolved.faults + decision.faults
+        outcomes = _outcomes(work, resolved, decision, written, faults)
+        for item in work:
+            if item.plan.action is Action.REFETCH and item.plan.entity_id in outcomes:
+                self._stages.metrics.rereads.labels(outcomes[item.plan.entity_id]).inc()
         if resolved.rereads:
             # rows indexed from SoR reads: their records are the truncate's, already counted
             faults += Faults(rejections=self._apply(resolved.rereads).faults.rejections)
-        return Applied(resolved.applied + written.applied, faults)
+        return Applied(resolved.applied + written.applied, outcomes, faults)
+
+
+def _outcomes(
+    work: Sequence[Work],
+    resolved: Resolved,
+    decision: Decision,
+    written: Written,
+    faults: Faults,
+) -> dict[str, RereadOutcome]:
+    """What became of each entity the SoR was read for (snapshot rows and re-reads), by id:
+    changed beats rejected beats raced beats unchanged (an entity has several write targets)."""
+    rank: dict[RereadOutcome, int] = {"unchanged": 0, "raced": 1, "rejected": 2, "changed": 3}
+    sor_read = {
+        item.plan.entity_id
+        for item in work
+        if item.plan.entity_id is not None
+        and (not item.records or item.plan.action is Action.REFETCH)
+    }
+    out: dict[str, RereadOutcome] = {}
+
+    def note(entity_id: str | None, outcome: RereadOutcome) -> None:
+        if (
+            entity_id in sor_read
+            and entity_id is not None
+            and (entity_id not in out or rank[outcome] > rank[out[entity_id]])
+        ):
+            out[entity_id] = outcome
+
+    for item, left in decision.left:
+        note(item.plan.entity_id, "raced" if left == "raced" else "unchanged")
+    for item, outcome in resolved.gone:
+        note(item.plan.entity_id, outcome)
+    for rejection in faults.rejections:
+        note(rejection.entity_id, "rejected")
+    lettered = {id(letter.record) for letter in faults.letters}
+    for item in work:
+        if any(id(rec) in lettered for rec in item.records):
+            note(item.plan.entity_id, "rejected")
+    for item in written.applied:
+        note(item.plan.entity_id, "changed")
+    return out

@@ -13,7 +13,7 @@ from ragcore.plan import Plan
 from ragcore.store.base import SparseVector
 from schemas.entities import Chunk, Entity
 from schemas.events import ChangeEvent, RawRecord
-from streams.ingest.work import Rejection, SorBatch
+from streams.ingest.work import SorBatch, SorWritten
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +78,9 @@ class SorWriter(Protocol):
     """Writes what the system of record holds to the index: the entry point of reconcile
     repairs and reindex snapshots and catch-ups (`IngestHandler` implements it)."""
 
-    def apply_rows(self, batch: SorBatch) -> list[Rejection]:
-        """Write `batch` through the ingest write path; return the entities that could not be
-        indexed."""
+    def apply_rows(self, batch: SorBatch) -> SorWritten:
+        """Write `batch` through the ingest write path; say which entities changed and which
+        could not be indexed."""
         ...
 
     def for_targets(

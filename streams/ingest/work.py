@@ -3,12 +3,19 @@ write, and what could not be indexed. All frozen: a stage returns them, none edi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from ragcore.plan import Plan
 from schemas.entities import Entity
 from schemas.events import RawRecord
 from streams.consumer import DeadLetter
+
+#: What a re-read of the SoR did to an entity's index: wrote or deleted it ("changed"), found
+#: it already as the SoR holds it ("unchanged"), or left it because a change landed in the index
+#: between the observation and the write ("raced"), or could not index it ("rejected").
+RereadOutcome = Literal["changed", "unchanged", "raced", "rejected"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +34,22 @@ class Work:
 
     plan: Plan
     records: tuple[RawRecord, ...] = ()
+
+
+#: The indexed state of an entity in one collection (`streams.ingest.indexed.fingerprint`;
+#: empty: nothing indexed).
+Fingerprint = frozenset[tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Upsert:
+    """A row to write: from a change event or a snapshot (`observed` None: the ordering rule
+    decides), or re-read from the SoR (`observed`: the indexed state, by collection, it may
+    replace)."""
+
+    item: Work
+    entity: Entity
+    observed: Mapping[str, Fingerprint] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,3 +75,15 @@ class Faults:
 
 
 NO_FAULTS = Faults()
+
+
+@dataclass(frozen=True, slots=True)
+class SorWritten:
+    """What writing a `SorBatch` did, by entity id (each id in one of the lists): changed,
+    unchanged (already as the SoR holds it, or an older snapshot row), raced (a change landed
+    in the index meanwhile: left to it) and the entities that could not be indexed."""
+
+    changed: tuple[str, ...] = ()
+    unchanged: tuple[str, ...] = ()
+    raced: tuple[str, ...] = ()
+    rejections: tuple[Rejection, ...] = ()

@@ -89,6 +89,21 @@ def test_sor_update_after_indexing_excludes_the_stale_chunk_and_requests_reindex
     ]
 
 
+def test_a_stale_hit_is_not_re_requested_in_a_loop(stack: Stack) -> None:
+    """The same stale entity found by query after query is requested once per cooldown; the
+    requests left out are counted."""
+    stack.write("ent-b", "acme", PUMP)
+    stack.write("ent-b", "acme", PUMP.replace("water", "clean water"), ingest=False)
+    for _ in range(3):
+        pack = stack.retrieve("acme", "how do I prime the centrifugal pump before starting it?")
+        assert [e.entity_id for e in pack.excluded] == [eid("ent-b")]
+    requests = stack.publisher.on("ragstream.reindex-requests")
+    assert [r["entity_id"] for r in requests] == [eid("ent-b")]
+    get = stack.registry.get_sample_value
+    assert get("ragstream_retrieve_reindex_requests_total") == 1
+    assert get("ragstream_retrieve_reindex_requests_suppressed_total") == 2
+
+
 def test_deleted_and_soft_deleted_entities_are_excluded_with_their_reason(stack: Stack) -> None:
     stack.write("ent-b", "acme", PUMP)
     stack.write("ent-b2", "acme", PUMP.replace("P-200", "P-300"))

@@ -72,5 +72,6 @@ def test_the_indexed_version_is_the_newest_among_the_chunks() -> None:
         "c0": ChunkRef("p0", "c0", None, {VERSION_UPDATED_AT: 5, VERSION_LSN: 7}),
         "c1": ChunkRef("p1", "c1", None, {VERSION_UPDATED_AT: 9, VERSION_LSN: 1}),
     }
-    assert indexed_version(refs) == EntityVersion(updated_at_us=9, lsn=1)
+    # commit order (the LSN), not the application clock, says which chunk is newest
+    assert indexed_version(refs) == EntityVersion(updated_at_us=5, lsn=7)
     assert indexed_version({}) is None
