@@ -193,6 +193,8 @@ class SlotWatch:
             self._gap(name, "vanished (dropped?)")
         closable = []
         for slot in slots:
+            # exported at 0 from the first sight: `increase()` then sees the first gap
+            self._metrics.wal_gaps.labels(slot.name)
             self._metrics.slot_retained_bytes.labels(slot.name).set(slot.retained_bytes)
             self._metrics.slot_active.labels(slot.name).set(1 if slot.active else 0)
             if slot.wal_status == "lost" and slot.name not in self._gaps:

@@ -15,6 +15,7 @@ fails until you do.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,10 +200,11 @@ def content_column_renamed(stack: LiveStack) -> Callable[[], None]:
     """A migration renames the mapped content column: the table's changes lack it (they are
     dead-lettered), Retrieve cannot read the table."""
     stack.sql("ALTER TABLE entities RENAME COLUMN content TO body")
+    run = uuid.uuid4().hex[:6]  # two scenarios inject this fault
     for n in range(3):
         stack.sql(
             "INSERT INTO entities (id, company_id, name, body) VALUES (%s, %s, %s, %s)",
-            (f"drift-{n}", "globex", f"drift-{n}", f"Renamed {n}."),
+            (f"drift-{run}-{n}", "globex", f"drift {n}", f"Renamed {n}."),
         )
 
     def recover() -> None:

@@ -167,6 +167,11 @@ def test_a_dropped_slot_is_a_wal_gap_closed_once_it_streams_again(
     source = _Slots()
     watch = SlotWatch(IngestMetrics(registry), source)
     assert watch.check() == []
+    # exported at 0 from the first sight, so that `increase()` sees the first gap
+    assert (
+        registry.get_sample_value("ragstream_sor_wal_gaps_total", {"slot": "ragstream_entities"})
+        == 0
+    )
     source.slots = []  # dropped while its connector was down
     assert watch.check() == []
     assert watch.check() == []
