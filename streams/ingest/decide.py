@@ -11,7 +11,7 @@ from typing import Literal
 
 from ragcore.errors import ChunkingError, MappingError
 from ragcore.store.base import ENTITY_TYPE
-from ragcore.store.points import CHUNK_COUNT, VERSION_UPDATED_AT, indexed_version
+from ragcore.store.points import CHUNK_COUNT, VERSION_LSN, VERSION_UPDATED_AT, indexed_version
 from schemas.entities import Chunk, Entity
 from streams.ingest.context import Stages
 from streams.ingest.indexed import Key, Refs, fingerprint, manifests
@@ -198,6 +198,9 @@ def _unchanged(refs: Refs, entity: Entity, keyword_fields: Sequence[str]) -> boo
             or p.get("title") != entity.title
             or p.get(ENTITY_TYPE) != entity.entity_type
             or p.get(VERSION_UPDATED_AT) != entity.version.updated_at_us
+            # a new commit of the same content still records its position: the ordering rule
+            # and the re-reads' compare-and-set see that the stream moved on
+            or (entity.version.lsn is not None and p.get(VERSION_LSN) != entity.version.lsn)
             or any(p.get(k) != entity.metadata.get(k) for k in keyword_fields)
         ):
             return False
