@@ -4,7 +4,7 @@ re-reads (also racing with the stream from a second process) and restores of the
 earlier point, over a real PostgreSQL SoR and qdrant-edge, through the worker's real handler.
 
 Without a restore the stream and the re-reads alone bring the index to the SoR; with one,
-the runbook's `reconcile --repair` does (docs/runbooks/sor-restored.md)."""
+the runbook's `reconcile --repair` does (docs/runbooks/procedures/sor-restored.md)."""
 
 from __future__ import annotations
 
