@@ -29,7 +29,7 @@ BENCHMARKS = {
     "noisy": "does a quiet tenant keep its latency while another floods Retrieve",
 }
 #: `ragstream eval --dataset`: the named eval sets (or a path).
-DATASETS = "golden | manpages | faqs | demo | beir:<dir> | <evalset.json>"
+DATASETS = "golden | manpages | faqs | demo | neardomain | beir:<dir> | <evalset.json>"
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

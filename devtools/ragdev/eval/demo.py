@@ -24,7 +24,8 @@ NAME = "demo"
 VERSION = "1.0.0"
 
 
-def _entities() -> list[EvalEntity]:
+def demo_entities() -> list[EvalEntity]:
+    """The sample corpus as eval entities: its documents and its tickets."""
     out = [
         EvalEntity(
             entity_id=d["id"],
@@ -130,7 +131,7 @@ def _example_queries(entities: list[EvalEntity]) -> list[EvalQuery]:
 
 def demo_evalset() -> EvalSet:
     """The demo eval set (deterministic: the sample corpus is generated with fixed seeds)."""
-    entities = _entities()
+    entities = demo_entities()
     return EvalSet(
         name=NAME,
         version=VERSION,

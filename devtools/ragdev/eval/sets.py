@@ -4,6 +4,8 @@
 - `manpages`: the pinned man-page known-item benchmark (`ragdev.eval.manpages`);
 - `demo`: the dev stack's sample corpus with identifier queries (`ragdev.eval.demo`: repeated
   tickets, release notes that explain error codes);
+- `neardomain`: the same corpus with near-miss unanswerable questions and reworded answerable
+  ones (`ragdev.eval.neardomain`: abstention on questions that sound like the corpus);
 - `faqs`: the FAQ question-answering benchmark, written in BEIR format from the FAQ files on
   this machine (`ragdev.eval.faqs`) and loaded through the BEIR loader;
 - `beir:DIR`: any BEIR-format directory;
@@ -23,8 +25,9 @@ from ragdev.eval.demo import demo_evalset
 from ragdev.eval.faqs import TENANT as FAQ_TENANT
 from ragdev.eval.faqs import collect, write_beir
 from ragdev.eval.manpages import load_pinned
+from ragdev.eval.neardomain import neardomain_evalset
 
-NAMES = ("golden", "manpages", "faqs", "demo")
+NAMES = ("golden", "manpages", "faqs", "demo", "neardomain")
 
 
 def load_named(dataset: str, *, beir_dir: Path | None = None) -> EvalSet:
@@ -39,6 +42,8 @@ def load_named(dataset: str, *, beir_dir: Path | None = None) -> EvalSet:
         return loaded.evalset
     if dataset == "demo":
         return demo_evalset()
+    if dataset == "neardomain":
+        return neardomain_evalset()
     if dataset == "faqs":
         entries, _absent = collect()
         if beir_dir is not None:
