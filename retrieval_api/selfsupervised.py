@@ -9,8 +9,9 @@ Positives (the chunk the query was built from answers it):
 - `title`: the entity's title, or its title and the chunk's section heading;
 - `topic`: the chunk's characteristic words (highest TF-IDF), as keywords or in a question frame;
 - `sentence`: a sentence of the chunk (8..24 words);
-- `paraphrase`: a title, topic or sentence query whose content words are mostly replaced by a
-  near neighbour (`retrieval_api.synonyms`): the vocabulary mismatch of a real question;
+- `paraphrase`: a title, topic or sentence query in which every content word that has a near
+  neighbour (`retrieval_api.synonyms`) is replaced by it: the vocabulary mismatch of a real
+  question (the largest share of the positives: see docs/decisions/abstention-threshold.md);
 - `identifier`: an identifier of the chunk (error code, ticket or part number), bare or in a
   question template; every chunk holding it answers.
 Negatives (nothing in the index answers them):
@@ -62,10 +63,10 @@ ID_TEMPLATES: tuple[str, ...] = (
     "how do I fix {id}?",
 )
 POSITIVE_MIX: dict[str, float] = {
-    "title": 0.15,
+    "title": 0.10,
     "topic": 0.25,
-    "sentence": 0.10,
-    "paraphrase": 0.30,
+    "sentence": 0.05,
+    "paraphrase": 0.40,
     "identifier": 0.20,
 }
 #: Share of a paraphrase's content words that get replaced (at least).
@@ -264,10 +265,12 @@ class QueryGenerator:
         swappable = [i for i in content if words[i].strip(_STRIP).lower() in table]
         if not content or len(swappable) < PARAPHRASE_SHARE * len(content):
             return None
+        # every word that has a neighbour is replaced: a real question shares few of the
+        # answer's words, and a paraphrase that keeps most of them teaches the evidence model
+        # that an answer is the chunk with the query's words
         for i in swappable:
-            if self._rng.random() < 0.85:
-                word = words[i].strip(_STRIP).lower()
-                words[i] = words[i].lower().replace(word, table[word][0])
+            word = words[i].strip(_STRIP).lower()
+            words[i] = words[i].lower().replace(word, table[word][0])
         return CalibrationQuery(
             " ".join(words), "paraphrase", True, source.chunk_id, source.entity_id
         )

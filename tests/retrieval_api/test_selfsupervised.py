@@ -85,3 +85,19 @@ def test_an_index_without_chunks_cannot_be_calibrated() -> None:
     encoder = Bm25Encoder()
     with pytest.raises(ValueError, match="without chunks"):
         QueryGenerator([], encoder, LexiconStats.build([], encoder))
+
+
+def test_a_paraphrase_replaces_every_word_that_has_a_neighbour() -> None:
+    # every content word of this chunk has a neighbour in the shipped table: no source word
+    # may survive in a paraphrase (keeping some taught the model that answers share the words)
+    text = "annual customer money password vacation weeks. " * 3
+    chunk = IndexedChunk("entities:e:chunk:0", "entities:e", "annual customer money", text)
+    other = IndexedChunk("entities:f:chunk:0", "entities:f", "Hotel stays", TEXTS["kb-travel"])
+    encoder = Bm25Encoder()
+    lexicon = LexiconStats.build([text, TEXTS["kb-travel"]], encoder)
+    queries = QueryGenerator([chunk, other], encoder, lexicon, seed=1).generate(80, 0)
+    found = [q for q in queries if q.kind == "paraphrase" and q.chunk_id == chunk.chunk_id]
+    assert found
+    source = {"annual", "customer", "money", "password", "vacation", "weeks"}
+    for query in found:
+        assert not source & set(squash(query.text).split()), query.text
