@@ -348,7 +348,6 @@ def _cmd_reindex(args: argparse.Namespace) -> int:
 
     from ragcore.errors import ConfigError
     from ragcore.prepare import Preparer
-    from ragcore.sparse import Bm25Encoder
     from ragcore.wiring import new_tenant_placement
     from ragstream.parity import ParitySettings
     from ragstream.reindex import ReindexOptions, calibrate_with, reindex, retriever_search
@@ -373,7 +372,8 @@ def _cmd_reindex(args: argparse.Namespace) -> int:
                 f"model here and on the ingest workers and Retrieve"
             )
         config = RetrieveSettings().retrieval
-        sparse = Bm25Encoder()
+        # the worker's parts (built by ragcore.wiring.build_core): Retrieve's pipeline over them
+        sparse = worker.sparse
         retriever = Retriever(
             config=config,
             embedder=models.primary,

@@ -25,6 +25,7 @@ from ragcore.errors import (
 from ragcore.plan import Plan, plan_event
 from ragcore.prepare import Preparer
 from ragcore.sor.base import SlotSource, SystemOfRecord
+from ragcore.sparse import Bm25Encoder
 from ragcore.store.base import VectorStore
 from ragcore.store.registry import IndexRegistry
 from ragcore.tracing import Tracing
@@ -56,6 +57,8 @@ class IngestWorker:
     targets: RegistryTargets
     metrics: IngestMetrics
     reconcile_metrics: ReconcileMetrics
+    #: the BM25 encoder the worker writes with (reindex's parity search uses the same one)
+    sparse: Bm25Encoder
     sor: SystemOfRecord | None = None
     liveness: SourceLiveness | None = None
     slots: SlotWatch | None = None
@@ -328,6 +331,7 @@ def build_worker(
         reconcile_metrics=ReconcileMetrics(
             registry, dedicated_above_points=settings.store.dedicated_above_points
         ),
+        sparse=sparse,
         sor=sor,
         liveness=liveness,
         slots=SlotWatch(metrics, sor) if isinstance(sor, SlotSource) else None,
