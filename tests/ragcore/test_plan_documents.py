@@ -49,7 +49,11 @@ def event(body: object, *, unavailable: frozenset[str] = frozenset(), **row: Any
         "file_name": "p100-datasheet.pdf",
         "mime_type": "application/pdf",
         "body": body,
+        # every column of schemas/sql/documents.*.sql: a mapped column missing from an event
+        # is schema drift (ragcore.plan), present-but-null is not
+        "created_at": None,
         "updated_at": None,
+        "deleted_at": None,
         **row,
     }
     return ChangeEvent(
