@@ -242,10 +242,20 @@ def cdc(
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE'.encode())
 
 
-def top_entity(cdc: Cdc, tenant: str, query: str) -> str:
+def top(cdc: Cdc, tenant: str, query: str) -> pb.Result:
     pack = cdc.ask(tenant, query)
     assert pack.status == pb.RETRIEVAL_STATUS_SUCCESS, pack
-    return str(pack.results[0].entity_id)
+    result: pb.Result = pack.results[0]
+    return result
+
+
+def top_entity(cdc: Cdc, tenant: str, query: str) -> str:
+    return str(top(cdc, tenant, query).entity_id)
+
+
+def texts(cdc: Cdc, tenant: str, entity_id: str) -> set[str]:
+    """The indexed chunk texts of one entity."""
+    return {str(p["text"]) for p in cdc.payloads(tenant, entity_id)}
 
 
 # --- the scenarios -------------------------------------------------------------------------------
@@ -414,3 +424,57 @@ def test_postgresql_restarted_mid_stream_loses_nothing(cdc: FaultCdc) -> None:
     assert {"entities:crash-0", "entities:crash-28", "entities:crash-44"} <= acme
     assert "entities:crash-3" not in cdc.index()["globex"]
     assert top_entity(cdc, "globex", "crash ledger entry about motor 215") == "entities:crash-43"
+
+
+def test_a_newer_commit_with_an_older_updated_at_is_indexed(cdc: FaultCdc) -> None:
+    cdc.put("skew", "acme", "The shuttle bus to the plant leaves at seven.")
+    cdc.converged()
+    skipped = cdc.metric("ragstream_ingest_skipped_older_total")
+    # an app server whose clock runs a day behind commits after the indexed version
+    cdc.sql(
+        "UPDATE entities SET content = 'The shuttle bus to the plant leaves at nine.',"
+        " updated_at = now() - interval '1 day' WHERE id = 'skew'"
+    )
+    eventually(
+        lambda: any("at nine" in t for t in texts(cdc, "acme", "entities:skew")),
+        60,
+        "the newer commit indexed despite its older updated_at",
+    )
+    cdc.converged()
+    assert cdc.metric("ragstream_ingest_skipped_older_total") == skipped
+    hit = top(cdc, "acme", "when does the shuttle bus to the plant leave")
+    assert hit.entity_id == "entities:skew" and "at nine" in hit.text
+
+
+def test_a_sor_restored_to_an_earlier_point_by_writes_converges_through_the_stream(
+    cdc: FaultCdc,
+) -> None:
+    for n in range(6):
+        cdc.put(f"rp-{n}", TENANTS[n % 2], f"Restore ledger entry {n} about crane {n * 11}.")
+    cdc.converged()
+    # the restore point: a logical backup of the whole table
+    cdc.sql("CREATE TABLE restore_point AS SELECT * FROM entities")
+    # after it: rows change (a fresh clock), are deleted, are inserted
+    cdc.sql(
+        "UPDATE entities SET content = 'Restore ledger entry 0 was rewritten by a bad migration.',"
+        " updated_at = now() + interval '1 hour' WHERE id = 'rp-0'"
+    )
+    cdc.sql("DELETE FROM entities WHERE id IN ('rp-1', 'rp-2')")
+    cdc.put("rp-late", "acme", "A row written after the restore point about hoist 99.")
+    cdc.converged()
+    assert "entities:rp-late" in cdc.index()["acme"]
+    # the restore: the table written back as it was, old updated_at values, one transaction
+    with psycopg.connect(cdc.pg.dsn) as conn:
+        conn.execute(f'SET search_path TO "{cdc.schema}"'.encode())
+        conn.execute("TRUNCATE entities")
+        conn.execute("INSERT INTO entities SELECT * FROM restore_point")
+    cdc.sql("DROP TABLE restore_point")
+    # a logical restore is commits like any other: no step (runbooks/procedures/sor-restored.md)
+    cdc.converged(timeout=120)
+    acme, globex = cdc.index()["acme"], cdc.index()["globex"]
+    assert "entities:rp-late" not in acme  # inserted since: vanished
+    assert {"entities:rp-2"} <= acme and {"entities:rp-1"} <= globex  # deleted since: back
+    assert not any("bad migration" in t for t in texts(cdc, "acme", "entities:rp-0"))
+    hit = top(cdc, "acme", "restore ledger entry 0 about crane 0")
+    assert hit.entity_id == "entities:rp-0" and "about crane 0" in hit.text
+    assert top_entity(cdc, "globex", "restore ledger entry 1 about crane 11") == "entities:rp-1"
