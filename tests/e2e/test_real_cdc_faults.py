@@ -478,3 +478,23 @@ def test_a_sor_restored_to_an_earlier_point_by_writes_converges_through_the_stre
     hit = top(cdc, "acme", "restore ledger entry 0 about crane 0")
     assert hit.entity_id == "entities:rp-0" and "about crane 0" in hit.text
     assert top_entity(cdc, "globex", "restore ledger entry 1 about crane 11") == "entities:rp-1"
+
+
+def test_a_mapped_columns_type_changed_while_streaming(cdc: FaultCdc) -> None:
+    cdc.put("ty-1", "globex", "The forklift batteries charge overnight.", "Batteries")
+    cdc.converged()
+    dlq_before = len(read_all(cdc.broker.bootstrap_servers, cdc.dlq, timeout=3))
+    cdc.sql("ALTER TABLE entities ALTER COLUMN name TYPE varchar(200)")
+    cdc.sql("ALTER TABLE entities ALTER COLUMN content TYPE varchar(100000)")
+    cdc.put("ty-2", "globex", "The paint shop vents are cleaned each Friday.", "Paint shop")
+    cdc.sql(
+        "UPDATE entities SET name = 'Forklift batteries',"
+        " content = 'The forklift batteries charge during the lunch break.',"
+        " updated_at = now() WHERE id = 'ty-1'"
+    )
+    cdc.converged()
+    assert {p["title"] for p in cdc.payloads("globex", "entities:ty-1")} == {"Forklift batteries"}
+    hit = top(cdc, "globex", "when do the forklift batteries charge")
+    assert hit.entity_id == "entities:ty-1" and "lunch break" in hit.text
+    assert top_entity(cdc, "globex", "paint shop vents cleaned") == "entities:ty-2"
+    assert len(read_all(cdc.broker.bootstrap_servers, cdc.dlq, timeout=3)) == dlq_before
