@@ -18,8 +18,9 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import psycopg
@@ -29,18 +30,20 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 from ragcore.kafka_config import KafkaSettings
+from ragcore.mapping import TableMapping
 from ragcore.plan import PlanConfig
 from ragcore.settings import SorSettings, StoreSettings
+from ragcore.store.base import VectorStore
 from ragcore.wiring import build_store, payload_schema
 from ragdev.services.debezium import DebeziumConnect, PostgresSource
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
 from ragstream.dlq import ReplayReport, commit_after, read_dlq, replay_records
-from retrieval_api.app import build_app
+from retrieval_api.app import RetrieveApp, build_app
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
-from streams.app import build_worker
+from streams.app import IngestWorker, build_worker
 from streams.decode import decode_record
 from streams.liveness import LivenessSettings
 from streams.settings import IngestSettings
@@ -111,20 +114,96 @@ class FaultCdc(Cdc):
         return report
 
     def refresh_health(self) -> None:
-        loop = self.loop
-        assert loop is not None
-        asyncio.run_coroutine_threadsafe(self.app.server.refresh_health(), loop).result(30)
+        self.services.run(self.app.server.refresh_health())
 
     def health(self, service: str) -> int:
-        assert self.channel is not None
-        stub = health_pb2_grpc.HealthStub(self.channel)
+        stub = health_pb2_grpc.HealthStub(self.services.channel)
         reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
         status: int = reply.status
         return status
 
-    loop: asyncio.AbstractEventLoop | None = None
-    channel: grpc.Channel | None = None
-    retrieve_metrics: CollectorRegistry = field(default_factory=CollectorRegistry)
+    @property
+    def retrieve_metrics(self) -> CollectorRegistry:
+        return self.services.metrics
+
+    def remap(self, plan: PlanConfig) -> None:
+        """Restart the worker and Retrieve with `plan`, as an operator rolls out a new table
+        mapping (same store, same consumer group)."""
+        self.stop_worker()
+        self.services.stop()
+        self.worker.close()
+        self.settings = self.settings.model_copy(update={"plan": plan})
+        self.worker, self.services = _wire(
+            self.settings, self.store, self.embedder, self.next_embedder
+        )
+        self.plan, self.app, self.publisher = plan, self.services.app, self.services.publisher
+        self.client = pb_grpc.RetrievalServiceStub(self.services.channel)
+        self.start_worker()
+
+    settings: IngestSettings = field(init=False)
+    services: Services = field(init=False)
+
+
+@dataclass
+class Services:
+    """Retrieve serving gRPC on loopback from its own event loop thread."""
+
+    app: RetrieveApp
+    publisher: RecordingPublisher
+    metrics: CollectorRegistry
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
+    channel: grpc.Channel
+
+    def run(self, work: Coroutine[Any, Any, None]) -> None:
+        asyncio.run_coroutine_threadsafe(work, self.loop).result(30)
+
+    def stop(self) -> None:
+        self.channel.close()
+        self.run(self.app.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.app.close()
+
+
+def _wire(
+    settings: IngestSettings,
+    store: VectorStore,
+    embedder: HashEmbedder,
+    next_embedder: HashEmbedder,
+) -> tuple[IngestWorker, Services]:
+    """The worker and Retrieve for `settings.plan` on the shared store."""
+    worker = build_worker(
+        settings,
+        CollectorRegistry(),
+        store=store,
+        embedder=embedder,
+        next_embedder=next_embedder,
+    )
+    worker.check()
+    publisher, metrics = RecordingPublisher(), CollectorRegistry()
+    app = build_app(
+        RetrieveSettings(
+            grpc=GrpcSettings(port=0),
+            auth=AuthSettings(
+                tokens={t: hashlib.sha256(v.encode()).hexdigest() for t, v in TOKENS.items()}
+            ),
+            store=settings.store,
+            sor=settings.sor,
+            plan=settings.plan,
+        ),
+        metrics,
+        store=store,
+        embedder=HashEmbedder(),
+        next_embedder=HashEmbedder(V2),
+        publisher=publisher,
+    )
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(app.server.start(), loop).result(30)
+    channel = grpc.insecure_channel(f"127.0.0.1:{app.server.port}")
+    return worker, Services(app, publisher, metrics, loop, thread, channel)
 
 
 @pytest.fixture(scope="module")
@@ -176,37 +255,7 @@ def cdc(
         )
         store = build_store(settings.store, payload_schema(plan))
         embedder, next_embedder = HashEmbedder(), HashEmbedder(V2)
-        worker = build_worker(
-            settings,
-            CollectorRegistry(),
-            store=store,
-            embedder=embedder,
-            next_embedder=next_embedder,
-        )
-        worker.check()
-        publisher = RecordingPublisher()
-        retrieve_metrics = CollectorRegistry()
-        app = build_app(
-            RetrieveSettings(
-                grpc=GrpcSettings(port=0),
-                auth=AuthSettings(
-                    tokens={t: hashlib.sha256(v.encode()).hexdigest() for t, v in TOKENS.items()}
-                ),
-                store=StoreSettings(data_dir=data_dir),
-                sor=sor,
-                plan=plan,
-            ),
-            retrieve_metrics,
-            store=store,
-            embedder=HashEmbedder(),
-            next_embedder=HashEmbedder(V2),
-            publisher=publisher,
-        )
-        loop = asyncio.new_event_loop()
-        loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
-        loop_thread.start()
-        asyncio.run_coroutine_threadsafe(app.server.start(), loop).result(30)
-        channel = grpc.insecure_channel(f"127.0.0.1:{app.server.port}")
+        worker, services = _wire(settings, store, embedder, next_embedder)
         stack = FaultCdc(
             postgres,
             kafka_broker,
@@ -219,22 +268,18 @@ def cdc(
             embedder,
             next_embedder,
             worker,
-            app,
-            publisher,
-            pb_grpc.RetrievalServiceStub(channel),
+            services.app,
+            services.publisher,
+            pb_grpc.RetrievalServiceStub(services.channel),
             dlq,
             group,
         )
-        stack.loop, stack.channel, stack.retrieve_metrics = loop, channel, retrieve_metrics
+        stack.settings, stack.services = settings, services
         stack.start_worker()
         yield stack
         stack.stop_worker()
-        channel.close()
-        asyncio.run_coroutine_threadsafe(app.server.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        loop_thread.join(10)
-        app.close()
-        worker.close()
+        stack.services.stop()
+        stack.worker.close()
         store.close()
     finally:
         dbz.stop()
@@ -498,3 +543,43 @@ def test_a_mapped_columns_type_changed_while_streaming(cdc: FaultCdc) -> None:
     assert hit.entity_id == "entities:ty-1" and "lunch break" in hit.text
     assert top_entity(cdc, "globex", "paint shop vents cleaned") == "entities:ty-2"
     assert len(read_all(cdc.broker.bootstrap_servers, cdc.dlq, timeout=3)) == dlq_before
+
+
+def test_a_new_table_added_to_the_publication_becomes_searchable_once_mapped(
+    cdc: FaultCdc,
+) -> None:
+    cdc.converged()
+    table = f"{cdc.schema}.entities_eu"
+    cdc.sql("CREATE TABLE entities_eu (LIKE entities INCLUDING ALL)")
+    cdc.sql("ALTER TABLE entities_eu REPLICA IDENTITY FULL")
+    eu = "INSERT INTO entities_eu (id, company_id, name, content) VALUES (%s, %s, %s, %s)"
+    cdc.sql(eu, ("eu-1", "acme", "Customs", "Customs papers for Rotterdam are filed on Tuesdays."))
+    # the operator publishes the table and adds it to the running connector (docs/operations.md)
+    create_topics(cdc.broker.bootstrap_servers, f"{cdc.prefix}.{table}", partitions=1)
+    with psycopg.connect(cdc.pg.dsn, autocommit=True) as conn:
+        conn.execute(cdc.dbz.publication_statement(conn, [table]).encode())
+    cdc.dbz.tables = (*cdc.dbz.tables, table)
+    cdc.dbz.update_config({}, timeout=240)
+    cdc.sql(eu, ("eu-2", "globex", "Tariffs", "Tariff codes for pumps changed in March."))
+    cdc.put("before-remap", "acme", "The archive room key hangs in the porter's lodge.")
+    eventually(lambda: "entities:before-remap" in cdc.index()["acme"], 60, "entities flow")
+    assert not any(e.startswith("entities_eu:") for t in cdc.index().values() for e in t)
+    # then rolls out the mapping: the worker reads the new topic from its start, and the rows
+    # that predate the publication come from the repairing reconcile
+    cdc.remap(
+        PlanConfig(
+            tables=(*cdc.plan.tables, TableMapping(table=table)),
+            topic_prefix=cdc.prefix,
+        )
+    )
+    eventually(lambda: "entities_eu:eu-2" in cdc.index()["globex"], 60, "the streamed row")
+    cdc.worker.reconcile_once()
+    cdc.converged()
+    assert top_entity(cdc, "acme", "customs papers for Rotterdam") == "entities_eu:eu-1"
+    cdc.sql(
+        "UPDATE entities_eu SET content = 'Tariff codes for valves changed in May.',"
+        " updated_at = now() WHERE id = 'eu-2'"
+    )
+    cdc.converged()
+    hit = top(cdc, "globex", "tariff codes for valves")
+    assert hit.entity_id == "entities_eu:eu-2" and "in May" in hit.text
