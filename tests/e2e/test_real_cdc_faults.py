@@ -12,17 +12,13 @@ order and each leaves the index equal to the SoR.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
-import grpc
 import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -33,17 +29,13 @@ from ragcore.kafka_config import KafkaSettings
 from ragcore.mapping import TableMapping
 from ragcore.plan import PlanConfig
 from ragcore.settings import SorSettings, StoreSettings
-from ragcore.store.base import VectorStore
 from ragcore.wiring import build_store, payload_schema
 from ragdev.services.debezium import DebeziumConnect, PostgresSource
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
 from ragstream.dlq import ReplayReport, commit_after, read_dlq, replay_records
-from retrieval_api.app import RetrieveApp, build_app
-from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
-from streams.app import IngestWorker, build_worker
 from streams.decode import decode_record
 from streams.liveness import LivenessSettings
 from streams.settings import IngestSettings
@@ -51,14 +43,14 @@ from tests.conftest import REPO_ROOT
 from tests.e2e.test_real_cdc import (
     TABLES_SQL,
     TENANTS,
-    TOKENS,
     V2,
     Cdc,
+    Services,
     eventually,
     mappings,
     wait_for_topics,
+    wire,
 )
-from tests.retrieval_api.stack import RecordingPublisher
 from tests.streams.support import HashEmbedder, create_topics, fast_consumer, read_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -133,7 +125,7 @@ class FaultCdc(Cdc):
         self.services.stop()
         self.worker.close()
         self.settings = self.settings.model_copy(update={"plan": plan})
-        self.worker, self.services = _wire(
+        self.worker, self.services = wire(
             self.settings, self.store, self.embedder, self.next_embedder
         )
         self.plan, self.app, self.publisher = plan, self.services.app, self.services.publisher
@@ -142,68 +134,6 @@ class FaultCdc(Cdc):
 
     settings: IngestSettings = field(init=False)
     services: Services = field(init=False)
-
-
-@dataclass
-class Services:
-    """Retrieve serving gRPC on loopback from its own event loop thread."""
-
-    app: RetrieveApp
-    publisher: RecordingPublisher
-    metrics: CollectorRegistry
-    loop: asyncio.AbstractEventLoop
-    thread: threading.Thread
-    channel: grpc.Channel
-
-    def run(self, work: Coroutine[Any, Any, None]) -> None:
-        asyncio.run_coroutine_threadsafe(work, self.loop).result(30)
-
-    def stop(self) -> None:
-        self.channel.close()
-        self.run(self.app.server.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.app.close()
-
-
-def _wire(
-    settings: IngestSettings,
-    store: VectorStore,
-    embedder: HashEmbedder,
-    next_embedder: HashEmbedder,
-) -> tuple[IngestWorker, Services]:
-    """The worker and Retrieve for `settings.plan` on the shared store."""
-    worker = build_worker(
-        settings,
-        CollectorRegistry(),
-        store=store,
-        embedder=embedder,
-        next_embedder=next_embedder,
-    )
-    worker.check()
-    publisher, metrics = RecordingPublisher(), CollectorRegistry()
-    app = build_app(
-        RetrieveSettings(
-            grpc=GrpcSettings(port=0),
-            auth=AuthSettings(
-                tokens={t: hashlib.sha256(v.encode()).hexdigest() for t, v in TOKENS.items()}
-            ),
-            store=settings.store,
-            sor=settings.sor,
-            plan=settings.plan,
-        ),
-        metrics,
-        store=store,
-        embedder=HashEmbedder(),
-        next_embedder=HashEmbedder(V2),
-        publisher=publisher,
-    )
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(app.server.start(), loop).result(30)
-    channel = grpc.insecure_channel(f"127.0.0.1:{app.server.port}")
-    return worker, Services(app, publisher, metrics, loop, thread, channel)
 
 
 @pytest.fixture(scope="module")
@@ -255,7 +185,7 @@ def cdc(
         )
         store = build_store(settings.store, payload_schema(plan))
         embedder, next_embedder = HashEmbedder(), HashEmbedder(V2)
-        worker, services = _wire(settings, store, embedder, next_embedder)
+        worker, services = wire(settings, store, embedder, next_embedder)
         stack = FaultCdc(
             postgres,
             kafka_broker,
