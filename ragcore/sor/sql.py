@@ -184,7 +184,14 @@ class PostgresSor(_SqlReader):
             # after a server restart the pooled connections are dead: test before handing out
             check=ConnectionPool.check_connection,
             open=True,
-            kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout_s))},
+            # no server-side prepared statements: after an ALTER COLUMN ... TYPE a prepared
+            # SELECT fails ("cached plan must not change result type") on every pooled
+            # connection that prepared it, which made the SoR unreadable until a restart
+            kwargs={
+                "autocommit": True,
+                "connect_timeout": max(1, int(timeout_s)),
+                "prepare_threshold": None,
+            },
         )
 
     def _query(self, sql: str, params: Sequence[Any], table: str) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,6 +233,68 @@ def wait_for_topics(bootstrap: str, topics: list[str], timeout: float = 60.0) ->
     )
 
 
+@dataclass
+class Services:
+    """Retrieve serving gRPC on loopback from its own event loop thread."""
+
+    app: RetrieveApp
+    publisher: RecordingPublisher
+    metrics: CollectorRegistry
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
+    channel: grpc.Channel
+
+    def run(self, work: Coroutine[Any, Any, None]) -> None:
+        asyncio.run_coroutine_threadsafe(work, self.loop).result(30)
+
+    def stop(self) -> None:
+        self.channel.close()
+        self.run(self.app.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.app.close()
+
+
+def wire(
+    settings: IngestSettings,
+    store: VectorStore,
+    embedder: HashEmbedder,
+    next_embedder: HashEmbedder,
+) -> tuple[IngestWorker, Services]:
+    """The worker and Retrieve for `settings.plan` on the shared store."""
+    worker = build_worker(
+        settings,
+        CollectorRegistry(),
+        store=store,
+        embedder=embedder,
+        next_embedder=next_embedder,
+    )
+    worker.check()
+    publisher, metrics = RecordingPublisher(), CollectorRegistry()
+    app = build_app(
+        RetrieveSettings(
+            grpc=GrpcSettings(port=0),
+            auth=AuthSettings(
+                tokens={t: hashlib.sha256(v.encode()).hexdigest() for t, v in TOKENS.items()}
+            ),
+            store=settings.store,
+            sor=settings.sor,
+            plan=settings.plan,
+        ),
+        metrics,
+        store=store,
+        embedder=HashEmbedder(),
+        next_embedder=HashEmbedder(V2),
+        publisher=publisher,
+    )
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(app.server.start(), loop).result(30)
+    channel = grpc.insecure_channel(f"127.0.0.1:{app.server.port}")
+    return worker, Services(app, publisher, metrics, loop, thread, channel)
+
+
 @pytest.fixture(scope="module")
 def cdc(
     postgres: PostgresCluster, kafka_broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory
@@ -287,36 +349,7 @@ def cdc(
         )
         store = build_store(settings.store, payload_schema(plan))
         embedder, next_embedder = HashEmbedder(), HashEmbedder(V2)
-        worker = build_worker(
-            settings,
-            CollectorRegistry(),
-            store=store,
-            embedder=embedder,
-            next_embedder=next_embedder,
-        )
-        worker.check()
-        publisher = RecordingPublisher()
-        app = build_app(
-            RetrieveSettings(
-                grpc=GrpcSettings(port=0),
-                auth=AuthSettings(
-                    tokens={t: hashlib.sha256(v.encode()).hexdigest() for t, v in TOKENS.items()}
-                ),
-                store=StoreSettings(data_dir=data_dir),
-                sor=sor,
-                plan=plan,
-            ),
-            CollectorRegistry(),
-            store=store,
-            embedder=HashEmbedder(),
-            next_embedder=HashEmbedder(V2),
-            publisher=publisher,
-        )
-        loop = asyncio.new_event_loop()
-        loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
-        loop_thread.start()
-        asyncio.run_coroutine_threadsafe(app.server.start(), loop).result(30)
-        channel = grpc.insecure_channel(f"127.0.0.1:{app.server.port}")
+        worker, services = wire(settings, store, embedder, next_embedder)
         stack = Cdc(
             postgres,
             kafka_broker,
@@ -329,20 +362,16 @@ def cdc(
             embedder,
             next_embedder,
             worker,
-            app,
-            publisher,
-            pb_grpc.RetrievalServiceStub(channel),
+            services.app,
+            services.publisher,
+            pb_grpc.RetrievalServiceStub(services.channel),
             dlq,
             group,
         )
         stack.start_worker()
         yield stack
         stack.stop_worker()
-        channel.close()
-        asyncio.run_coroutine_threadsafe(app.server.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        loop_thread.join(10)
-        app.close()
+        services.stop()
         worker.close()
         store.close()
     finally:

@@ -12,8 +12,6 @@ order and each leaves the index equal to the SoR.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
 import threading
 import time
@@ -21,7 +19,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import grpc
 import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -29,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 from ragcore.kafka_config import KafkaSettings
+from ragcore.mapping import TableMapping
 from ragcore.plan import PlanConfig
 from ragcore.settings import SorSettings, StoreSettings
 from ragcore.wiring import build_store, payload_schema
@@ -36,11 +34,8 @@ from ragdev.services.debezium import DebeziumConnect, PostgresSource
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
 from ragstream.dlq import ReplayReport, commit_after, read_dlq, replay_records
-from retrieval_api.app import build_app
-from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
-from streams.app import build_worker
 from streams.decode import decode_record
 from streams.liveness import LivenessSettings
 from streams.settings import IngestSettings
@@ -48,14 +43,14 @@ from tests.conftest import REPO_ROOT
 from tests.e2e.test_real_cdc import (
     TABLES_SQL,
     TENANTS,
-    TOKENS,
     V2,
     Cdc,
+    Services,
     eventually,
     mappings,
     wait_for_topics,
+    wire,
 )
-from tests.retrieval_api.stack import RecordingPublisher
 from tests.streams.support import HashEmbedder, create_topics, fast_consumer, read_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -111,20 +106,34 @@ class FaultCdc(Cdc):
         return report
 
     def refresh_health(self) -> None:
-        loop = self.loop
-        assert loop is not None
-        asyncio.run_coroutine_threadsafe(self.app.server.refresh_health(), loop).result(30)
+        self.services.run(self.app.server.refresh_health())
 
     def health(self, service: str) -> int:
-        assert self.channel is not None
-        stub = health_pb2_grpc.HealthStub(self.channel)
+        stub = health_pb2_grpc.HealthStub(self.services.channel)
         reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
         status: int = reply.status
         return status
 
-    loop: asyncio.AbstractEventLoop | None = None
-    channel: grpc.Channel | None = None
-    retrieve_metrics: CollectorRegistry = field(default_factory=CollectorRegistry)
+    @property
+    def retrieve_metrics(self) -> CollectorRegistry:
+        return self.services.metrics
+
+    def remap(self, plan: PlanConfig) -> None:
+        """Restart the worker and Retrieve with `plan`, as an operator rolls out a new table
+        mapping (same store, same consumer group)."""
+        self.stop_worker()
+        self.services.stop()
+        self.worker.close()
+        self.settings = self.settings.model_copy(update={"plan": plan})
+        self.worker, self.services = wire(
+            self.settings, self.store, self.embedder, self.next_embedder
+        )
+        self.plan, self.app, self.publisher = plan, self.services.app, self.services.publisher
+        self.client = pb_grpc.RetrievalServiceStub(self.services.channel)
+        self.start_worker()
+
+    settings: IngestSettings = field(init=False)
+    services: Services = field(init=False)
 
 
 @pytest.fixture(scope="module")
@@ -176,37 +185,7 @@ def cdc(
         )
         store = build_store(settings.store, payload_schema(plan))
         embedder, next_embedder = HashEmbedder(), HashEmbedder(V2)
-        worker = build_worker(
-            settings,
-            CollectorRegistry(),
-            store=store,
-            embedder=embedder,
-            next_embedder=next_embedder,
-        )
-        worker.check()
-        publisher = RecordingPublisher()
-        retrieve_metrics = CollectorRegistry()
-        app = build_app(
-            RetrieveSettings(
-                grpc=GrpcSettings(port=0),
-                auth=AuthSettings(
-                    tokens={t: hashlib.sha256(v.encode()).hexdigest() for t, v in TOKENS.items()}
-                ),
-                store=StoreSettings(data_dir=data_dir),
-                sor=sor,
-                plan=plan,
-            ),
-            retrieve_metrics,
-            store=store,
-            embedder=HashEmbedder(),
-            next_embedder=HashEmbedder(V2),
-            publisher=publisher,
-        )
-        loop = asyncio.new_event_loop()
-        loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
-        loop_thread.start()
-        asyncio.run_coroutine_threadsafe(app.server.start(), loop).result(30)
-        channel = grpc.insecure_channel(f"127.0.0.1:{app.server.port}")
+        worker, services = wire(settings, store, embedder, next_embedder)
         stack = FaultCdc(
             postgres,
             kafka_broker,
@@ -219,22 +198,18 @@ def cdc(
             embedder,
             next_embedder,
             worker,
-            app,
-            publisher,
-            pb_grpc.RetrievalServiceStub(channel),
+            services.app,
+            services.publisher,
+            pb_grpc.RetrievalServiceStub(services.channel),
             dlq,
             group,
         )
-        stack.loop, stack.channel, stack.retrieve_metrics = loop, channel, retrieve_metrics
+        stack.settings, stack.services = settings, services
         stack.start_worker()
         yield stack
         stack.stop_worker()
-        channel.close()
-        asyncio.run_coroutine_threadsafe(app.server.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        loop_thread.join(10)
-        app.close()
-        worker.close()
+        stack.services.stop()
+        stack.worker.close()
         store.close()
     finally:
         dbz.stop()
@@ -242,10 +217,20 @@ def cdc(
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE'.encode())
 
 
-def top_entity(cdc: Cdc, tenant: str, query: str) -> str:
+def top(cdc: Cdc, tenant: str, query: str) -> pb.Result:
     pack = cdc.ask(tenant, query)
     assert pack.status == pb.RETRIEVAL_STATUS_SUCCESS, pack
-    return str(pack.results[0].entity_id)
+    result: pb.Result = pack.results[0]
+    return result
+
+
+def top_entity(cdc: Cdc, tenant: str, query: str) -> str:
+    return str(top(cdc, tenant, query).entity_id)
+
+
+def texts(cdc: Cdc, tenant: str, entity_id: str) -> set[str]:
+    """The indexed chunk texts of one entity."""
+    return {str(p["text"]) for p in cdc.payloads(tenant, entity_id)}
 
 
 # --- the scenarios -------------------------------------------------------------------------------
@@ -414,3 +399,117 @@ def test_postgresql_restarted_mid_stream_loses_nothing(cdc: FaultCdc) -> None:
     assert {"entities:crash-0", "entities:crash-28", "entities:crash-44"} <= acme
     assert "entities:crash-3" not in cdc.index()["globex"]
     assert top_entity(cdc, "globex", "crash ledger entry about motor 215") == "entities:crash-43"
+
+
+def test_a_newer_commit_with_an_older_updated_at_is_indexed(cdc: FaultCdc) -> None:
+    cdc.put("skew", "acme", "The shuttle bus to the plant leaves at seven.")
+    cdc.converged()
+    skipped = cdc.metric("ragstream_ingest_skipped_older_total")
+    # an app server whose clock runs a day behind commits after the indexed version
+    cdc.sql(
+        "UPDATE entities SET content = 'The shuttle bus to the plant leaves at nine.',"
+        " updated_at = now() - interval '1 day' WHERE id = 'skew'"
+    )
+    eventually(
+        lambda: any("at nine" in t for t in texts(cdc, "acme", "entities:skew")),
+        60,
+        "the newer commit indexed despite its older updated_at",
+    )
+    cdc.converged()
+    assert cdc.metric("ragstream_ingest_skipped_older_total") == skipped
+    hit = top(cdc, "acme", "when does the shuttle bus to the plant leave")
+    assert hit.entity_id == "entities:skew" and "at nine" in hit.text
+
+
+def test_a_sor_restored_to_an_earlier_point_by_writes_converges_through_the_stream(
+    cdc: FaultCdc,
+) -> None:
+    for n in range(6):
+        cdc.put(f"rp-{n}", TENANTS[n % 2], f"Restore ledger entry {n} about crane {n * 11}.")
+    cdc.converged()
+    # the restore point: a logical backup of the whole table
+    cdc.sql("CREATE TABLE restore_point AS SELECT * FROM entities")
+    # after it: rows change (a fresh clock), are deleted, are inserted
+    cdc.sql(
+        "UPDATE entities SET content = 'Restore ledger entry 0 was rewritten by a bad migration.',"
+        " updated_at = now() + interval '1 hour' WHERE id = 'rp-0'"
+    )
+    cdc.sql("DELETE FROM entities WHERE id IN ('rp-1', 'rp-2')")
+    cdc.put("rp-late", "acme", "A row written after the restore point about hoist 99.")
+    cdc.converged()
+    assert "entities:rp-late" in cdc.index()["acme"]
+    # the restore: the table written back as it was, old updated_at values, one transaction
+    with psycopg.connect(cdc.pg.dsn) as conn:
+        conn.execute(f'SET search_path TO "{cdc.schema}"'.encode())
+        conn.execute("TRUNCATE entities")
+        conn.execute("INSERT INTO entities SELECT * FROM restore_point")
+    cdc.sql("DROP TABLE restore_point")
+    # a logical restore is commits like any other: no step (runbooks/procedures/sor-restored.md)
+    cdc.converged(timeout=120)
+    acme, globex = cdc.index()["acme"], cdc.index()["globex"]
+    assert "entities:rp-late" not in acme  # inserted since: vanished
+    assert {"entities:rp-2"} <= acme and {"entities:rp-1"} <= globex  # deleted since: back
+    assert not any("bad migration" in t for t in texts(cdc, "acme", "entities:rp-0"))
+    hit = top(cdc, "acme", "restore ledger entry 0 about crane 0")
+    assert hit.entity_id == "entities:rp-0" and "about crane 0" in hit.text
+    assert top_entity(cdc, "globex", "restore ledger entry 1 about crane 11") == "entities:rp-1"
+
+
+def test_a_mapped_columns_type_changed_while_streaming(cdc: FaultCdc) -> None:
+    cdc.put("ty-1", "globex", "The forklift batteries charge overnight.", "Batteries")
+    cdc.converged()
+    dlq_before = len(read_all(cdc.broker.bootstrap_servers, cdc.dlq, timeout=3))
+    cdc.sql("ALTER TABLE entities ALTER COLUMN name TYPE varchar(200)")
+    cdc.sql("ALTER TABLE entities ALTER COLUMN content TYPE varchar(100000)")
+    cdc.put("ty-2", "globex", "The paint shop vents are cleaned each Friday.", "Paint shop")
+    cdc.sql(
+        "UPDATE entities SET name = 'Forklift batteries',"
+        " content = 'The forklift batteries charge during the lunch break.',"
+        " updated_at = now() WHERE id = 'ty-1'"
+    )
+    cdc.converged()
+    assert {p["title"] for p in cdc.payloads("globex", "entities:ty-1")} == {"Forklift batteries"}
+    hit = top(cdc, "globex", "when do the forklift batteries charge")
+    assert hit.entity_id == "entities:ty-1" and "lunch break" in hit.text
+    assert top_entity(cdc, "globex", "paint shop vents cleaned") == "entities:ty-2"
+    assert len(read_all(cdc.broker.bootstrap_servers, cdc.dlq, timeout=3)) == dlq_before
+
+
+def test_a_new_table_added_to_the_publication_becomes_searchable_once_mapped(
+    cdc: FaultCdc,
+) -> None:
+    cdc.converged()
+    table = f"{cdc.schema}.entities_eu"
+    cdc.sql("CREATE TABLE entities_eu (LIKE entities INCLUDING ALL)")
+    cdc.sql("ALTER TABLE entities_eu REPLICA IDENTITY FULL")
+    eu = "INSERT INTO entities_eu (id, company_id, name, content) VALUES (%s, %s, %s, %s)"
+    cdc.sql(eu, ("eu-1", "acme", "Customs", "Customs papers for Rotterdam are filed on Tuesdays."))
+    # the operator publishes the table and adds it to the running connector (docs/operations.md)
+    create_topics(cdc.broker.bootstrap_servers, f"{cdc.prefix}.{table}", partitions=1)
+    with psycopg.connect(cdc.pg.dsn, autocommit=True) as conn:
+        conn.execute(cdc.dbz.publication_statement(conn, [table]).encode())
+    cdc.dbz.tables = (*cdc.dbz.tables, table)
+    cdc.dbz.update_config({}, timeout=240)
+    cdc.sql(eu, ("eu-2", "globex", "Tariffs", "Tariff codes for pumps changed in March."))
+    cdc.put("before-remap", "acme", "The archive room key hangs in the porter's lodge.")
+    eventually(lambda: "entities:before-remap" in cdc.index()["acme"], 60, "entities flow")
+    assert not any(e.startswith("entities_eu:") for t in cdc.index().values() for e in t)
+    # then rolls out the mapping: the worker reads the new topic from its start, and the rows
+    # that predate the publication come from the repairing reconcile
+    cdc.remap(
+        PlanConfig(
+            tables=(*cdc.plan.tables, TableMapping(table=table)),
+            topic_prefix=cdc.prefix,
+        )
+    )
+    eventually(lambda: "entities_eu:eu-2" in cdc.index()["globex"], 60, "the streamed row")
+    cdc.worker.reconcile_once()
+    cdc.converged()
+    assert top_entity(cdc, "acme", "customs papers for Rotterdam") == "entities_eu:eu-1"
+    cdc.sql(
+        "UPDATE entities_eu SET content = 'Tariff codes for valves changed in May.',"
+        " updated_at = now() WHERE id = 'eu-2'"
+    )
+    cdc.converged()
+    hit = top(cdc, "globex", "tariff codes for valves")
+    assert hit.entity_id == "entities_eu:eu-2" and "in May" in hit.text

@@ -196,3 +196,22 @@ def test_replication_slots_show_the_wal_an_inactive_slot_retains(
         finally:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
             conn.execute(f"DROP TABLE IF EXISTS {table}".encode())
+
+
+@pytest.mark.integration
+def test_a_mapped_columns_type_change_leaves_the_sor_readable(
+    pg_sor: PostgresSor, postgres: PostgresCluster
+) -> None:
+    tenant = ROWS[0][1]
+    table = next(m.table for m in pg_sor.catalog if m.table_name == "entities")
+
+    def scan() -> list[str]:
+        return [e.entity_id for e in pg_sor.scan(tenant, table="entities")]
+
+    before = scan()
+    assert before
+    for _ in range(24):  # past psycopg's prepare threshold on every pooled connection
+        assert scan() == before
+    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {table} ALTER COLUMN name TYPE varchar(200)".encode())
+    assert scan() == before
