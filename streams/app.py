@@ -63,6 +63,8 @@ class IngestWorker:
     liveness: SourceLiveness | None = None
     slots: SlotWatch | None = None
     stop: threading.Event = field(default_factory=threading.Event)
+    #: set by the loop when a committed offset was out of range (changes expired unread)
+    offset_gaps: threading.Event = field(default_factory=threading.Event)
     #: what `build_worker` created (injected parts belong to their owner and stay open)
     owned: tuple[Closable, ...] = ()
 
@@ -102,10 +104,13 @@ class IngestWorker:
     def watch_sources(self) -> None:
         """Until stopped, every `liveness.check_interval_s`: log connectors that fell silent
         (`SourceLiveness`), export the SoR's replication slots (`SlotWatch`, PostgreSQL) and
-        close a WAL gap (a slot dropped or that lost WAL) by reconciling every tenant."""
+        close a WAL gap (a slot dropped or that lost WAL) or an offset gap (changes that
+        expired in Kafka unread) by reconciling every tenant."""
         while not self.stop.wait(self.settings.liveness.check_interval_s):
             if self.liveness is not None:
                 self.liveness.check()
+            if self.offset_gaps.is_set():
+                self.close_offset_gaps()
             if self.slots is None:
                 continue
             try:
@@ -120,6 +125,26 @@ class IngestWorker:
                     "reconciling after a WAL gap failed: run `ragstream reconcile --tenant T "
                     "--repair` for every tenant"
                 )
+
+    def close_offset_gaps(self) -> None:
+        """Reconcile every tenant after changes expired in Kafka unread (`OffsetGap`); without
+        a SoR the gap stays open and the error says what to do."""
+        self.offset_gaps.clear()
+        if self.sor is None:
+            log.error(
+                "changes were lost to Kafka retention and no SoR is configured to reconcile "
+                "from: re-snapshot the affected tables (a new Debezium snapshot)"
+            )
+            return
+        log.warning("closing the offset gap: reconciling every tenant")
+        try:
+            self.reconcile_once()
+        except RagstreamError:
+            self.offset_gaps.set()  # retried at the next check
+            log.exception(
+                "reconciling after an offset gap failed (retried at the next check); or run "
+                "`ragstream reconcile --tenant T --repair` for every tenant"
+            )
 
     def reconcile_once(self) -> list[ReconcileReport]:
         """Reconcile every tenant with an active index (repairing per settings) and export
@@ -311,12 +336,14 @@ def build_worker(
         sources=(prefix,) if settings.liveness.heartbeats else (),
         silent_after_s=settings.liveness.silent_after_s,
     )
+    offset_gaps = threading.Event()
     loop = ConsumerLoop(
         settings.kafka,
         consumer,
         ObservedHandler(handler, liveness),
         metrics,
         tracing=own_tracing,
+        on_offset_gaps=lambda _gaps: offset_gaps.set(),
     )
     return IngestWorker(
         settings=settings,
@@ -335,6 +362,7 @@ def build_worker(
         sor=sor,
         liveness=liveness,
         slots=SlotWatch(metrics, sor) if isinstance(sor, SlotSource) else None,
+        offset_gaps=offset_gaps,
         owned=(*core.owned, *([own_tracing] if tracing is None else [])),
     )
 

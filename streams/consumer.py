@@ -123,6 +123,40 @@ class ConsumerConfig(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
+class OffsetGap:
+    """A partition whose committed offset is out of range: `[committed, low)` expired unread
+    (past retention, or deleted records) or, when `committed > high`, the log was truncated
+    or recreated (what is lost is unknown). Either way the index may miss changes."""
+
+    topic: str
+    partition: int
+    committed: int
+    low: int
+    high: int
+
+    def describe(self) -> str:
+        """The lost range, for the log line."""
+        where = f"{self.topic}[{self.partition}]"
+        if self.committed < self.low:
+            return (
+                f"{where}: committed offset {self.committed} < low watermark {self.low}, "
+                f"offsets {self.committed}..{self.low - 1} ({self.low - self.committed}) lost"
+            )
+        return (
+            f"{where}: committed offset {self.committed} > high watermark {self.high}, the "
+            "log was truncated or recreated (lost offsets unknown)"
+        )
+
+
+def offset_gap(topic: str, partition: int, committed: int, low: int, high: int) -> OffsetGap | None:
+    """The gap of a partition whose group committed `committed` (negative: never committed,
+    which starts at the low watermark by design, no gap) and whose log spans `[low, high)`."""
+    if committed < 0 or low <= committed <= high:
+        return None
+    return OffsetGap(topic, partition, committed, low, high)
+
+
+@dataclass(frozen=True, slots=True)
 class DeadLetter:
     """A record the handler could not process, with the reason."""
 
@@ -196,8 +230,11 @@ class ConsumerLoop:
         *,
         sleep: Callable[[float], None] = time.sleep,
         tracing: Tracing | None = None,
+        on_offset_gaps: Callable[[Sequence[OffsetGap]], None] | None = None,
     ) -> None:
         self._kafka = kafka
+        #: told about out-of-range committed offsets (the worker reconciles)
+        self._on_offset_gaps = on_offset_gaps
         self._tracing = tracing or Tracing.off()
         self._config = config
         self._handler = handler
@@ -302,6 +339,55 @@ class ConsumerLoop:
         self._assigned.update((p.topic, p.partition) for p in partitions)
         self._metrics.assigned_partitions.set(len(self._assigned))
         log.info("assigned %s", [(p.topic, p.partition) for p in partitions])
+        for p in partitions:  # exported at 0: `increase()` sees the first gap
+            self._metrics.offset_gaps.labels(p.topic, str(p.partition))
+        self.check_offsets(consumer, [(p.topic, p.partition) for p in partitions])
+
+    def check_offsets(self, consumer: Consumer, partitions: Sequence[tuple[str, int]]) -> None:
+        """Compare the group's committed offset of each partition with the partition's
+        watermarks, before librdkafka's `auto.offset.reset` would silently jump an out-of-range
+        offset to the low watermark: each gap is logged as an ERROR naming the lost offsets,
+        counted in `ragstream_ingest_offset_gaps_total` and handed to `on_offset_gaps`."""
+        if not partitions:
+            return
+        timeout = self._config.lag_query_timeout_s
+        gaps: list[OffsetGap] = []
+        try:
+            committed = consumer.committed(
+                [TopicPartition(t, p) for t, p in partitions], timeout=timeout
+            )
+            for tp in committed:
+                if tp.offset < 0:
+                    continue
+                marks = consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=timeout, cached=False
+                )
+                if marks is None:
+                    raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+                gap = offset_gap(tp.topic, tp.partition, tp.offset, *marks)
+                if gap is not None:
+                    gaps.append(gap)
+        except KafkaException as exc:
+            log.error(
+                "cannot compare the committed offsets of %s with their watermarks (%s): an "
+                "offset lost to retention would go unnoticed; check the partitions' low "
+                "watermarks against the group's offsets",
+                list(partitions),
+                exc,
+            )
+            return
+        self._report_gaps(gaps)
+
+    def _report_gaps(self, gaps: Sequence[OffsetGap]) -> None:
+        for gap in gaps:
+            self._metrics.offset_gaps.labels(gap.topic, str(gap.partition)).inc()
+            log.error(
+                "changes lost before the worker read them (past retention): %s; the index "
+                "may miss them until the automatic reconcile closes the gap",
+                gap.describe(),
+            )
+        if gaps and self._on_offset_gaps is not None:
+            self._on_offset_gaps(gaps)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Nothing is in flight here (see module docstring): all handled work is committed.
@@ -346,6 +432,12 @@ class ConsumerLoop:
                 records.append(to_raw(msg))
             elif err.code() == KafkaError._PARTITION_EOF:
                 continue
+            elif err.code() == KafkaError._AUTO_OFFSET_RESET:
+                # an offset went out of range while assigned (retention overtook the worker)
+                log.error("consumer offset reset (offsets may be lost): %s", err)
+                topic, partition = msg.topic(), msg.partition()
+                if topic is not None and partition is not None:
+                    self.check_offsets(consumer, [(topic, partition)])
             elif err.fatal():
                 raise RagstreamError(f"fatal Kafka consumer error: {err}")
             else:

@@ -187,6 +187,14 @@ class IngestMetrics:
             ["slot"],
             registry=registry,
         )
+        self.offset_gaps = Counter(
+            "ragstream_ingest_offset_gaps_total",
+            "Assigned partitions whose committed offset was out of range (below the low "
+            "watermark: changes expired unread, past retention): the offsets in between are "
+            "lost; each is closed by an automatic reconcile.",
+            ["topic", "partition"],
+            registry=registry,
+        )
         self.assigned_partitions = Gauge(
             "ragstream_ingest_assigned_partitions",
             "Partitions assigned to this worker.",

@@ -331,6 +331,39 @@ class LiveStack:
             assert not self.thread.is_alive()
             self.thread = None
 
+    def move_group_offsets_past_the_end(self, timeout: float = 30.0) -> dict[int, int]:
+        """While the worker is stopped: wait until Debezium wrote the pending changes (the
+        high watermark stops moving), then commit the group's offset of each partition of the
+        change topic 100 past its end; returns partition -> the offset committed."""
+        probe = Consumer(
+            {
+                "bootstrap.servers": self.broker.bootstrap_servers,
+                "group.id": self.settings.consumer.group_id,
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            partitions = probe.list_topics(self.topic, timeout=10).topics[self.topic].partitions
+            deadline = time.monotonic() + timeout
+            ends: dict[int, int] = {}
+            while time.monotonic() < deadline:
+                time.sleep(2)
+                now = {
+                    p: probe.get_watermark_offsets(TopicPartition(self.topic, p), timeout=5)[1]
+                    for p in partitions
+                }
+                if now == ends:
+                    break
+                ends = now
+            moved = {p: end + 100 for p, end in ends.items()}
+            probe.commit(
+                offsets=[TopicPartition(self.topic, p, o) for p, o in moved.items()],
+                asynchronous=False,
+            )
+            return moved
+        finally:
+            probe.close()
+
     def caught_up(self, timeout: float = 60.0) -> None:
         """Until the worker's own lag is 0 on every partition and nothing is held."""
         deadline = time.monotonic() + timeout

@@ -41,6 +41,7 @@ EXPECTED_ALERTS = {
     "RagstreamReplicationSlotInactive",
     "RagstreamSorTableUnreadable",
     "RagstreamWalGap",
+    "RagstreamIngestOffsetsLost",
 }
 
 
@@ -124,6 +125,7 @@ def _exposition() -> bytes:
     ingest.slot_retained_bytes.labels("ragstream_entities").set(1024)
     ingest.slot_active.labels("ragstream_entities").set(1)
     ingest.wal_gaps.labels("ragstream_entities").inc()
+    ingest.offset_gaps.labels("sor.public.entities", "0").inc()
     retrieve.sor_table_unreadable.labels("public.tickets").set(0)
     retrieve.requests.labels("SUCCESS", "OK").inc()
     retrieve.stage_seconds.labels("search").observe(0.01)

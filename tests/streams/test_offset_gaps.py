@@ -1,0 +1,210 @@
+"""Changes lost to Kafka retention: a worker whose group's committed offset is out of range
+must say so (ERROR naming the lost offsets, `ragstream_ingest_offset_gaps_total`) and close the
+gap by reconciling with the SoR, instead of letting `auto.offset.reset` jump silently.
+
+The tansu dev broker implements neither DeleteRecords (the admin call drops the connection) nor
+retention, and it forgets a deleted topic's committed offsets, so its low watermark is always 0.
+The integration test therefore makes the committed offset out of range from the other side: the
+group's offset is moved past the log end while the worker is stopped (the changes in between
+never reach the worker, as when they expire). The below-the-low-watermark arithmetic is covered
+by the unit tests of `offset_gap`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from prometheus_client import CollectorRegistry
+from pydantic import SecretStr
+
+from ragcore.kafka_config import KafkaSettings
+from ragcore.settings import SorSettings, StoreSettings
+from ragcore.store.edge import EdgeStore
+from ragdev.services.postgres import PostgresCluster
+from ragdev.services.tansu import TansuBroker
+from ragdev.sor.debezium_format import change_event, encode_key, encode_value
+from schemas.events import Op
+from streams.app import IngestWorker, build_worker
+from streams.consumer import offset_gap
+from streams.liveness import LivenessSettings
+from streams.reconcile import reconcile
+from streams.settings import IngestSettings
+from tests.conftest import REPO_ROOT
+from tests.streams.support import (
+    HashEmbedder,
+    Record,
+    create_topics,
+    entities_plan,
+    fast_consumer,
+    produce,
+    wait_committed,
+)
+
+TABLE_SQL = REPO_ROOT / "schemas" / "sql" / "entities.postgres.sql"
+TENANT = "acme"
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.unit
+def test_a_committed_offset_below_the_low_watermark_names_the_expired_offsets() -> None:
+    gap = offset_gap("sor.public.entities", 2, committed=40, low=100, high=250)
+    assert gap is not None
+    assert gap.describe() == (
+        "sor.public.entities[2]: committed offset 40 < low watermark 100, offsets 40..99 (60) lost"
+    )
+
+
+@pytest.mark.unit
+def test_a_committed_offset_past_the_log_end_is_a_gap_of_unknown_size() -> None:
+    gap = offset_gap("t", 0, committed=12, low=0, high=3)
+    assert gap is not None
+    assert "committed offset 12 > high watermark 3" in gap.describe()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("committed", "low", "high"),
+    [(-1001, 100, 250), (100, 100, 250), (180, 100, 250), (250, 100, 250), (0, 0, 0)],
+)
+def test_an_offset_within_the_log_or_never_committed_is_no_gap(
+    committed: int, low: int, high: int
+) -> None:
+    assert offset_gap("t", 0, committed, low, high) is None
+
+
+def _row(entity: str, text: str) -> dict[str, object]:
+    return {
+        "id": entity,
+        "company_id": TENANT,
+        "entity_type": "KNOWLEDGE_ARTIFACT",
+        "name": entity,
+        "content": text,
+        "metadata": {"format": "text"},
+        "content_hash": None,
+        "created_at": T0,
+        "updated_at": T0,
+        "deleted_at": None,
+    }
+
+
+class GapEnv:
+    """A SoR schema, a one-partition topic and a store that outlive the worker's restarts."""
+
+    def __init__(self, broker: TansuBroker, dsn: str, data_dir: Path) -> None:
+        suffix = uuid.uuid4().hex[:8]
+        self.broker, self.dsn = broker, dsn
+        self.schema, self.topic, self.group = f"t_{suffix}", f"sor.gap.{suffix}", suffix
+        self.dlq = f"dlq.{suffix}"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE SCHEMA "{self.schema}"'.encode())
+            conn.execute(f'SET search_path TO "{self.schema}"'.encode())
+            conn.execute(TABLE_SQL.read_text().encode())
+        create_topics(broker.bootstrap_servers, self.topic, self.dlq, partitions=1)
+        self.store = EdgeStore(data_dir)
+        self.settings = IngestSettings(
+            kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers),
+            consumer=fast_consumer(self.dlq, self.group, self.topic),
+            store=StoreSettings(data_dir=data_dir),
+            embedding_cache=None,
+            sor=SorSettings(kind="postgres", dsn=SecretStr(dsn)),
+            plan=entities_plan(f"{self.schema}.entities", self.topic),
+            liveness=LivenessSettings(heartbeats=False, check_interval_s=0.2),
+        )
+
+    def insert(self, entity: str, text: str) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f'SET search_path TO "{self.schema}"'.encode())
+            conn.execute(
+                b"INSERT INTO entities (id, company_id, entity_type, name, content, metadata, "
+                b"created_at, updated_at) VALUES (%s, %s, 'KNOWLEDGE_ARTIFACT', %s, %s, "
+                b'\'{"format": "text"}\', %s, %s)',
+                (entity, TENANT, entity, text, T0, T0),
+            )
+
+    def start(self, registry: CollectorRegistry) -> tuple[IngestWorker, threading.Thread]:
+        worker = build_worker(self.settings, registry, store=self.store, embedder=HashEmbedder())
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        return worker, thread
+
+    def close(self) -> None:
+        self.store.close()
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{self.schema}" CASCADE'.encode())
+
+
+@pytest.fixture
+def gap_env(
+    kafka_broker: TansuBroker, postgres: PostgresCluster, tmp_path: Path
+) -> Iterator[GapEnv]:
+    env = GapEnv(kafka_broker, postgres.dsn, tmp_path / "store")
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+def stop(worker: IngestWorker, thread: threading.Thread) -> None:
+    worker.stop.set()
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+@pytest.mark.integration
+def test_offsets_lost_while_the_worker_was_stopped_are_named_counted_and_reconciled(
+    gap_env: GapEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = gap_env
+    bootstrap = env.broker.bootstrap_servers
+    # the worker indexes one entity through the stream, then stops
+    text = "The pump needs calibration every month."
+    env.insert("ent-1", text)
+    value = change_event(Op.CREATE, before=None, after=_row("ent-1", text), lsn=5000)
+    worker, thread = env.start(CollectorRegistry())
+    last = produce(bootstrap, env.topic, [Record(encode_key({"id": "ent-1"}), encode_value(value))])
+    wait_committed(bootstrap, env.group, env.topic, last, 60)
+    stop(worker, thread)
+
+    # while it is down, two rows change in the SoR and their changes never reach it: the group's
+    # offset moves past the log end (tansu cannot delete records; see the module docstring)
+    env.insert("ent-2", "Replace the filter after 500 hours of operation.")
+    env.insert("ent-3", "The valve must be closed before maintenance.")
+    mover = Consumer({"bootstrap.servers": bootstrap, "group.id": env.group})
+    try:
+        mover.commit(offsets=[TopicPartition(env.topic, 0, 7)], asynchronous=False)
+    finally:
+        mover.close()
+
+    registry = CollectorRegistry()
+    labels = {"topic": env.topic, "partition": "0"}
+    with caplog.at_level(logging.INFO):
+        worker, thread = env.start(registry)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not any(
+                r.getMessage().startswith("reconcile acme:") for r in caplog.records
+            ):
+                time.sleep(0.2)
+            assert registry.get_sample_value("ragstream_ingest_offset_gaps_total", labels) == 1
+            errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+            assert any(
+                f"{env.topic}[0]: committed offset 7 > high watermark 1" in m for m in errors
+            ), errors
+            assert any(
+                m.startswith("reconcile acme:") for m in (r.getMessage() for r in caplog.records)
+            )
+            assert worker.sor is not None
+            report = reconcile(TENANT, sor=worker.sor, store=worker.store, registry=worker.registry)
+        finally:
+            stop(worker, thread)
+    assert report.sor_entities == 3
+    assert (report.missing, report.extra, report.stale) == ([], [], [])
