@@ -88,6 +88,11 @@ def row(key: int, file_name: str, body: bytes) -> Record:
         "title": file_name,
         "file_name": file_name,
         "body": body,
+        # every column the mapping reads is in a real event (a missing one is schema drift)
+        "mime_type": None,
+        "created_at": None,
+        "updated_at": None,
+        "deleted_at": None,
     }
     value = change_event(Op.CREATE, before=None, after=after, table="documents", lsn=100 + key)
     return Record(encode_key({"id": key}), encode_value(value))
