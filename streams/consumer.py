@@ -120,6 +120,16 @@ class ConsumerConfig(BaseModel):
         gt=0,
         description="Timeout of one watermark or committed-offset query (delays the loop).",
     )
+    high_watermark_slack: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Records a committed offset may lie past the broker's high watermark before it "
+            "counts as an offset gap (a truncated or recreated log). 0 for Kafka, whose high "
+            "watermark is the log end; the dev broker tansu reports the base offset of the "
+            "last record batch + 1, so the dev stack allows more."
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,10 +158,14 @@ class OffsetGap:
         )
 
 
-def offset_gap(topic: str, partition: int, committed: int, low: int, high: int) -> OffsetGap | None:
+def offset_gap(
+    topic: str, partition: int, committed: int, low: int, high: int, *, slack: int = 0
+) -> OffsetGap | None:
     """The gap of a partition whose group committed `committed` (negative: never committed,
-    which starts at the low watermark by design, no gap) and whose log spans `[low, high)`."""
-    if committed < 0 or low <= committed <= high:
+    which starts at the low watermark by design, no gap) and whose log spans `[low, high)`;
+    `slack`: how far past `high` a committed offset may lie (a broker that under-reports its
+    high watermark)."""
+    if committed < 0 or low <= committed <= high + slack:
         return None
     return OffsetGap(topic, partition, committed, low, high)
 
@@ -364,7 +378,13 @@ class ConsumerLoop:
                 )
                 if marks is None:
                     raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
-                gap = offset_gap(tp.topic, tp.partition, tp.offset, *marks)
+                gap = offset_gap(
+                    tp.topic,
+                    tp.partition,
+                    tp.offset,
+                    *marks,
+                    slack=self._config.high_watermark_slack,
+                )
                 if gap is not None:
                     gaps.append(gap)
         except KafkaException as exc:

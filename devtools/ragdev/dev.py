@@ -387,6 +387,10 @@ def _serve_stack(
             session_timeout_ms=6000,
             heartbeat_interval_ms=1000,
             reindex_topic="ragstream.reindex-requests",
+            # tansu under-reports its high watermark (the base offset of the last record batch
+            # + 1) and keeps nothing across restarts: no log here can be truncated under the
+            # worker, so only an offset below the log start counts as lost
+            high_watermark_slack=1_000_000,
         ),
         store=store_settings,
         sor=sor_settings,

@@ -71,6 +71,17 @@ def test_a_committed_offset_past_the_log_end_is_a_gap_of_unknown_size() -> None:
 
 
 @pytest.mark.unit
+def test_a_slack_tolerates_a_broker_that_under_reports_its_high_watermark() -> None:
+    # tansu reports the base offset of the last record batch + 1: after a batch of 40 records
+    # at offsets 0..39 the group commits 40 while the high watermark reads 1
+    assert offset_gap("t", 0, committed=40, low=0, high=1) is not None
+    assert offset_gap("t", 0, committed=40, low=0, high=1, slack=1_000) is None
+    assert offset_gap("t", 0, committed=5_001, low=0, high=1, slack=1_000) is not None
+    # the slack never hides offsets expired below the log start
+    assert offset_gap("t", 0, committed=40, low=100, high=250, slack=1_000) is not None
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("committed", "low", "high"),
     [(-1001, 100, 250), (100, 100, 250), (180, 100, 250), (250, 100, 250), (0, 0, 0)],
