@@ -392,6 +392,36 @@ class DebeziumConnect(LocalService):
         """The change-event topic of each table."""
         return [f"{self.topic_prefix}.{t}" for t in self.tables]
 
+    def heartbeat_topic(self) -> str | None:
+        """The connector's heartbeat topic, None when heartbeats are off."""
+        config = self.connector_config()
+        if int(config.get("heartbeat.interval.ms", "0")) <= 0:
+            return None
+        prefix = config.get("topic.heartbeat.prefix", "__debezium-heartbeat")
+        return f"{prefix}.{self.topic_prefix}"
+
+    def create_heartbeat_topic(self) -> None:
+        """Create the heartbeat topic before the connector runs, as the Helm chart and compose
+        do: a worker subscribed to it by pattern then has it in its first assignment instead
+        of rebalancing when the connector creates it (a rebalance holds every change back for
+        seconds)."""
+        topic = self.heartbeat_topic()
+        if topic is None:
+            return
+        from confluent_kafka import KafkaException  # noqa: PLC0415 - the launcher's only use
+        from confluent_kafka.admin import AdminClient  # noqa: PLC0415
+        from confluent_kafka.cimpl import NewTopic  # noqa: PLC0415
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        future = admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[
+            topic
+        ]
+        try:
+            future.result(15)
+        except KafkaException as exc:
+            if "already exists" not in str(exc).lower():
+                raise ConfigError(f"cannot create the heartbeat topic {topic}: {exc}") from exc
+
     def worker_properties(self) -> dict[str, str]:
         """The Connect worker properties (the caller's `worker` extras last)."""
         connector = self.connector_config()
@@ -672,6 +702,7 @@ class DebeziumConnect(LocalService):
         java = java_tool("java")  # the local prerequisites first, then the database
         jars = classpath()
         self.preflight()
+        self.create_heartbeat_topic()
         worker, connector, log4j = self._write_files()
         command = [
             str(java),
