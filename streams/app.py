@@ -333,8 +333,9 @@ def build_worker(
         metrics,
         topic_sources=lambda topic: prefix if catalog.for_topic(topic) is not None else None,
         heartbeat_prefix=settings.decode.heartbeat_topic_prefix,
-        sources=(prefix,) if settings.liveness.heartbeats else (),
+        sources=(prefix,),
         silent_after_s=settings.liveness.silent_after_s,
+        heartbeats=settings.liveness.heartbeats,
     )
     offset_gaps = threading.Event()
     loop = ConsumerLoop(

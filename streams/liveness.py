@@ -12,6 +12,9 @@ logs one WARNING when a source falls silent for `silent_after_s` and one INFO li
 heard again. A source not heard since the worker started counts from the start, so a connector
 that is dead from the beginning is reported too. Across several workers the freshest one counts
 (only one of them holds the heartbeat partition): the alert takes the minimum.
+
+Without heartbeats (`liveness.heartbeats` off, e.g. the dev stack's embedded SoR, which has no
+connector) silence means nothing, so no source is watched and none of this is exported.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ class LivenessSettings(BaseModel):
         default=True,
         description=(
             "Consume the connector's heartbeat topic (<decode.heartbeat_topic_prefix>."
-            "<plan.topic_prefix>) when the consumed topics are the mapped tables' default ones."
+            "<plan.topic_prefix>) when the consumed topics are the mapped tables' default ones, "
+            "and watch the source for silence. Off (a source without heartbeats): a quiet SoR "
+            "cannot be told from a dead connector, so the source is not watched."
         ),
     )
     silent_after_s: float = Field(
@@ -74,11 +79,14 @@ class SourceLiveness:
         heartbeat_prefix: str,
         sources: Sequence[str] = (),
         silent_after_s: float = 20.0,
+        heartbeats: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """`topic_sources(topic)` names the source of a change topic (None: not a source's,
         e.g. the reindex topic); heartbeat topics name their source after the prefix;
-        `sources` are expected from the start."""
+        `sources` are expected from the start. `heartbeats` False: the sources send none, so
+        a quiet source cannot be told from a dead one and nothing is watched."""
+        self._watching = heartbeats
         self._topic_sources = topic_sources
         self._heartbeat = heartbeat_prefix + "."
         self._silent_after = silent_after_s
@@ -88,7 +96,7 @@ class SourceLiveness:
         self._silent: set[str] = set()
         self._metrics = metrics
         started = clock()
-        for source in sources:
+        for source in sources if heartbeats else ():
             self._heard_at(source, started)
 
     def source_of(self, topic: str) -> str | None:
@@ -100,6 +108,8 @@ class SourceLiveness:
     def observe(self, records: Iterable[RawRecord]) -> None:
         """Note every record's source and production time (the consume time when the record
         carries no timestamp)."""
+        if not self._watching:
+            return
         newest: dict[str, float] = {}
         for rec in records:
             source = self.source_of(rec.topic)

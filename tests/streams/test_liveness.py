@@ -71,6 +71,24 @@ def test_heartbeats_and_changes_keep_the_age_low_and_silence_makes_it_grow() -> 
 
 
 @pytest.mark.unit
+def test_without_heartbeats_silence_means_nothing_and_no_source_is_watched() -> None:
+    clock = Clock(1_000.0)
+    registry = CollectorRegistry()
+    watch = SourceLiveness(
+        IngestMetrics(registry),
+        topic_sources=lambda t: "sor" if t.startswith("sor.") else None,
+        heartbeat_prefix="__debezium-heartbeat",
+        sources=("sor",),
+        heartbeats=False,
+        clock=clock,
+    )
+    watch.observe([record("sor.public.entities", 1_000_000)])
+    clock.now = 1_100.0
+    assert age(registry, "sor") is None
+    assert watch.check() == []
+
+
+@pytest.mark.unit
 def test_a_second_connector_is_a_source_of_its_own() -> None:
     clock = Clock(500.0)
     watch, registry = liveness(clock)
