@@ -25,23 +25,48 @@ import yaml
 from ragdev.services.tansu import free_port
 from tests.deploy.support import ALERTS_FILE, DASHBOARD_FILE
 
-#: `for:` of every rule in the generated copy (the shipped ones run from 2 minutes to an hour).
+#: `for:` of a rule in the generated copy (the shipped ones run from 15 seconds to an hour).
 SHORT_FOR = "2s"
-#: Range windows of the generated copy (shipped: 5m and 10m): ten one-second scrapes.
+#: Range windows of the generated copy (shipped: 5m to 15m): ten one-second scrapes.
 SHORT_WINDOW = "10s"
+#: `for:` of a rule whose shipped `for:` is at least its range window (the quantile and ratio
+#: rules): longer than the short window, as in production. A window that reaches back to a
+#: series' first samples is a partial one: `rate()` extrapolates a cumulative bucket that was
+#: still 0 at the window's first sample less far than one that was not (Prometheus stops
+#: extrapolating at the counter's zero point), so a few fast changes after a slow start-up
+#: snapshot read as a p95 in the snapshot's bucket for up to one window. Production's
+#: `for: 10m` over `[5m]` never pages on that; `for: 2s` over `[10s]` would.
+FULL_WINDOW_FOR = "12s"
 #: What Grafana's `$__rate_interval` becomes at a 1 s scrape interval (4 x scrape interval,
 #: at least the window the rules use).
 RATE_INTERVAL = SHORT_WINDOW
 
-_FOR = re.compile(r"^(\s+for:\s*)\S+\s*$", re.MULTILINE)
+_FOR = re.compile(r"^(\s+for:\s*)(\S+)\s*$", re.MULTILINE)
 _WINDOW = re.compile(r"\[(\d+[smh])\]")
+_RULE = re.compile(r"^\s+- (?:alert|record):", re.MULTILINE)
+_UNIT_S = {"s": 1, "m": 60, "h": 3600}
+
+
+def _seconds(duration: str) -> int:
+    return int(duration[:-1]) * _UNIT_S[duration[-1]]
 
 
 def shortened_rules(text: str) -> str:
-    """The shipped rules with every `for:` set to SHORT_FOR and every range window to
-    SHORT_WINDOW; nothing else changes."""
-    text = _FOR.sub(lambda m: f"{m.group(1)}{SHORT_FOR}", text)
-    return _WINDOW.sub(f"[{SHORT_WINDOW}]", text)
+    """The shipped rules with every range window set to SHORT_WINDOW and every `for:` to
+    SHORT_FOR, or to FULL_WINDOW_FOR where the shipped `for:` is at least the rule's longest
+    window; nothing else changes."""
+    starts = [m.start() for m in _RULE.finditer(text)]
+    pieces = [text[: starts[0]] if starts else text]
+    for begin, end in zip(starts, [*starts[1:], len(text)], strict=True):
+        rule = text[begin:end]
+        windows = [_seconds(w) for w in _WINDOW.findall(rule)]
+
+        def short_for(m: re.Match[str], windows: list[int] = windows) -> str:
+            full = bool(windows) and _seconds(m.group(2)) >= max(windows)
+            return f"{m.group(1)}{FULL_WINDOW_FOR if full else SHORT_FOR}"
+
+        pieces.append(_WINDOW.sub(f"[{SHORT_WINDOW}]", _FOR.sub(short_for, rule)))
+    return "".join(pieces)
 
 
 def alert_names(path: Path = ALERTS_FILE) -> list[str]:
@@ -171,6 +196,10 @@ class LivePrometheus:
         """Active alerts (pending and firing)."""
         alerts: list[dict[str, Any]] = self.api("alerts")["alerts"]
         return alerts
+
+    def firing(self) -> list[dict[str, Any]]:
+        """Alerts whose `for:` has passed (what would page); a pending alert has not fired."""
+        return [a for a in self.alerts() if a["state"] == "firing"]
 
     def rule_health(self) -> dict[str, str]:
         """alert name -> `health` of its rule (ok, err, unknown)."""
