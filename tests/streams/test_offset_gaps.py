@@ -56,7 +56,7 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 @pytest.mark.unit
 def test_a_committed_offset_below_the_low_watermark_names_the_expired_offsets() -> None:
-    gap = offset_gap("sor.public.entities", 2, committed=40, low=100, high=250)
+    gap = offset_gap("sor.public.entities", 2, offset=40, low=100, high=250)
     assert gap is not None
     assert gap.describe() == (
         "sor.public.entities[2]: committed offset 40 < low watermark 100, offsets 40..99 (60) lost"
@@ -65,7 +65,7 @@ def test_a_committed_offset_below_the_low_watermark_names_the_expired_offsets() 
 
 @pytest.mark.unit
 def test_a_committed_offset_past_the_log_end_is_a_gap_of_unknown_size() -> None:
-    gap = offset_gap("t", 0, committed=12, low=0, high=3)
+    gap = offset_gap("t", 0, offset=12, low=0, high=3)
     assert gap is not None
     assert "committed offset 12 > high watermark 3" in gap.describe()
 
@@ -74,11 +74,11 @@ def test_a_committed_offset_past_the_log_end_is_a_gap_of_unknown_size() -> None:
 def test_a_slack_tolerates_a_broker_that_under_reports_its_high_watermark() -> None:
     # tansu reports the base offset of the last record batch + 1: after a batch of 40 records
     # at offsets 0..39 the group commits 40 while the high watermark reads 1
-    assert offset_gap("t", 0, committed=40, low=0, high=1) is not None
-    assert offset_gap("t", 0, committed=40, low=0, high=1, slack=1_000) is None
-    assert offset_gap("t", 0, committed=5_001, low=0, high=1, slack=1_000) is not None
+    assert offset_gap("t", 0, offset=40, low=0, high=1) is not None
+    assert offset_gap("t", 0, offset=40, low=0, high=1, slack=1_000) is None
+    assert offset_gap("t", 0, offset=5_001, low=0, high=1, slack=1_000) is not None
     # the slack never hides offsets expired below the log start
-    assert offset_gap("t", 0, committed=40, low=100, high=250, slack=1_000) is not None
+    assert offset_gap("t", 0, offset=40, low=100, high=250, slack=1_000) is not None
 
 
 @pytest.mark.unit
