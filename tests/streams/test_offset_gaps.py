@@ -1,13 +1,15 @@
-"""Changes lost to Kafka retention: a worker whose group's committed offset is out of range
-must say so (ERROR naming the lost offsets, `ragstream_ingest_offset_gaps_total`) and close the
-gap by reconciling with the SoR, instead of letting `auto.offset.reset` jump silently.
+"""Changes lost to Kafka retention: a worker whose group's committed offset, or whose fetch
+position while it runs, is out of range must say so (ERROR naming the lost offsets,
+`ragstream_ingest_offset_gaps_total`) and close the gap by reconciling with the SoR, instead of
+letting `auto.offset.reset` jump silently.
 
 The tansu dev broker implements neither DeleteRecords (the admin call drops the connection) nor
 retention, and it forgets a deleted topic's committed offsets, so its low watermark is always 0.
-The integration test therefore makes the committed offset out of range from the other side: the
-group's offset is moved past the log end while the worker is stopped (the changes in between
-never reach the worker, as when they expire). The below-the-low-watermark arithmetic is covered
-by the unit tests of `offset_gap`.
+The stopped-worker test on tansu therefore makes the committed offset out of range from the
+other side: the group's offset is moved past the log end while the worker is stopped (the
+changes in between never reach the worker, as when they expire). The running-worker test uses
+librdkafka's mock cluster, whose retention by size deletes records for real (`MockKafka`;
+consumer-level cases in `test_retention.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -26,6 +29,7 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
+from ragcore.errors import EmbeddingUnavailableError
 from ragcore.kafka_config import KafkaSettings
 from ragcore.settings import SorSettings, StoreSettings
 from ragcore.store.edge import EdgeStore
@@ -37,10 +41,11 @@ from streams.app import IngestWorker, build_worker
 from streams.consumer import offset_gap
 from streams.liveness import LivenessSettings
 from streams.reconcile import reconcile
-from streams.settings import IngestSettings
+from streams.settings import IngestSettings, ReconcileSettings
 from tests.conftest import REPO_ROOT
 from tests.streams.support import (
     HashEmbedder,
+    MockKafka,
     Record,
     create_topics,
     entities_plan,
@@ -108,27 +113,41 @@ def _row(entity: str, text: str) -> dict[str, object]:
 
 
 class GapEnv:
-    """A SoR schema, a one-partition topic and a store that outlive the worker's restarts."""
+    """A SoR schema, a topic and a store that outlive the worker's restarts, on tansu (a
+    one-partition topic) or librdkafka's mock cluster (`MockKafka`: topics auto-created with
+    4 partitions; the changes go to partition 0)."""
 
-    def __init__(self, broker: TansuBroker, dsn: str, data_dir: Path) -> None:
+    def __init__(
+        self, kafka: TansuBroker | MockKafka, dsn: str, data_dir: Path, **settings: Any
+    ) -> None:
         suffix = uuid.uuid4().hex[:8]
-        self.broker, self.dsn = broker, dsn
+        self.bootstrap, self.dsn = kafka.bootstrap_servers, dsn
         self.schema, self.topic, self.group = f"t_{suffix}", f"sor.gap.{suffix}", suffix
         self.dlq = f"dlq.{suffix}"
+        self.embedder = HashEmbedder()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f'CREATE SCHEMA "{self.schema}"'.encode())
             conn.execute(f'SET search_path TO "{self.schema}"'.encode())
             conn.execute(TABLE_SQL.read_text().encode())
-        create_topics(broker.bootstrap_servers, self.topic, self.dlq, partitions=1)
+        consumer = fast_consumer(self.dlq, self.group, self.topic)
+        if isinstance(kafka, MockKafka):
+            kafka.create(self.topic, self.dlq)
+            # the mock delays a group's first join by 3 s: a shorter session expires the member
+            consumer = consumer.model_copy(
+                update={"session_timeout_ms": 6000, "heartbeat_interval_ms": 500}
+            )
+        else:
+            create_topics(self.bootstrap, self.topic, self.dlq, partitions=1)
         self.store = EdgeStore(data_dir)
         self.settings = IngestSettings(
-            kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers),
-            consumer=fast_consumer(self.dlq, self.group, self.topic),
+            kafka=KafkaSettings(bootstrap_servers=self.bootstrap),
+            consumer=consumer,
             store=StoreSettings(data_dir=data_dir),
             embedding_cache=None,
             sor=SorSettings(kind="postgres", dsn=SecretStr(dsn)),
             plan=entities_plan(f"{self.schema}.entities", self.topic),
             liveness=LivenessSettings(heartbeats=False, check_interval_s=0.2),
+            **settings,
         )
 
     def insert(self, entity: str, text: str) -> None:
@@ -141,8 +160,13 @@ class GapEnv:
                 (entity, TENANT, entity, text, T0, T0),
             )
 
+    def change(self, entity: str, text: str, lsn: int) -> Record:
+        """The Debezium create event of a row `insert` wrote."""
+        value = change_event(Op.CREATE, before=None, after=_row(entity, text), lsn=lsn)
+        return Record(encode_key({"id": entity}), encode_value(value))
+
     def start(self, registry: CollectorRegistry) -> tuple[IngestWorker, threading.Thread]:
-        worker = build_worker(self.settings, registry, store=self.store, embedder=HashEmbedder())
+        worker = build_worker(self.settings, registry, store=self.store, embedder=self.embedder)
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
         return worker, thread
@@ -175,13 +199,12 @@ def test_offsets_lost_while_the_worker_was_stopped_are_named_counted_and_reconci
     gap_env: GapEnv, caplog: pytest.LogCaptureFixture
 ) -> None:
     env = gap_env
-    bootstrap = env.broker.bootstrap_servers
+    bootstrap = env.bootstrap
     # the worker indexes one entity through the stream, then stops
     text = "The pump needs calibration every month."
     env.insert("ent-1", text)
-    value = change_event(Op.CREATE, before=None, after=_row("ent-1", text), lsn=5000)
     worker, thread = env.start(CollectorRegistry())
-    last = produce(bootstrap, env.topic, [Record(encode_key({"id": "ent-1"}), encode_value(value))])
+    last = produce(bootstrap, env.topic, [env.change("ent-1", text, 5000)])
     wait_committed(bootstrap, env.group, env.topic, last, 60)
     stop(worker, thread)
 
@@ -217,5 +240,72 @@ def test_offsets_lost_while_the_worker_was_stopped_are_named_counted_and_reconci
             report = reconcile(TENANT, sor=worker.sor, store=worker.store, registry=worker.registry)
         finally:
             stop(worker, thread)
+    assert report.sor_entities == 3
+    assert (report.missing, report.extra, report.stale) == ([], [], [])
+
+
+@pytest.mark.integration
+def test_changes_expired_under_a_running_worker_paused_by_an_outage_are_reconciled(
+    mock_kafka: MockKafka,
+    postgres: PostgresCluster,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The embedder is down for longer than the topic's retention: the running worker keeps
+    retrying the change it could not embed, retention deletes it and the next one, and the
+    worker must notice (not jump), restart at the log start and reconcile, with repair even
+    though scheduled repairs are off. librdkafka's mock cluster is the broker: the only one
+    here with retention (see `MockKafka`)."""
+    env = GapEnv(
+        mock_kafka,
+        postgres.dsn,
+        tmp_path / "store",
+        reconcile=ReconcileSettings(interval_s=0, repair=False),
+    )
+    try:
+        text = "The pump needs calibration every month."
+        env.insert("ent-1", text)
+        mock_kafka.produce(env.topic, [env.change("ent-1", text, 5000)])
+        registry = CollectorRegistry()
+        labels = {"topic": env.topic, "partition": "0"}
+        with caplog.at_level(logging.INFO):
+            worker, thread = env.start(registry)
+            try:
+                wait_committed(env.bootstrap, env.group, env.topic, {0: 0}, 60)
+                env.embedder.fail_with = EmbeddingUnavailableError("embedder down (test)")
+                later = [
+                    ("ent-2", "Replace the filter after 500 hours of operation.", 5100),
+                    ("ent-3", "The valve must be closed before maintenance.", 5200),
+                ]
+                for entity, body, lsn in later:
+                    env.insert(entity, body)
+                    mock_kafka.produce(env.topic, [env.change(entity, body, lsn)])
+                deadline = time.monotonic() + 30
+                while "embedder unavailable" not in caplog.text:
+                    assert time.monotonic() < deadline, "the worker never hit the outage"
+                    time.sleep(0.1)
+                # ent-2 and ent-3 expire unread (the filler is dead-lettered: no envelope)
+                filler = b"{%s}" % (b" " * 200_000)
+                low, _high = mock_kafka.expire(env.topic, past=2, filler=filler)
+                env.embedder.fail_with = None
+                deadline = time.monotonic() + 60
+                while not any(r.getMessage().startswith("reconcile acme:") for r in caplog.records):
+                    assert time.monotonic() < deadline, "no reconcile after the offset gap"
+                    time.sleep(0.2)
+                assert registry.get_sample_value("ragstream_ingest_offset_gaps_total", labels) == 1
+                errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+                assert any(
+                    f"{env.topic}[0]: fetch position 1 < low watermark {low}, offsets "
+                    f"1..{low - 1} ({low - 1}) lost" in m
+                    for m in errors
+                ), errors
+                assert worker.sor is not None
+                report = reconcile(
+                    TENANT, sor=worker.sor, store=worker.store, registry=worker.registry
+                )
+            finally:
+                stop(worker, thread)
+    finally:
+        env.close()
     assert report.sor_entities == 3
     assert (report.missing, report.extra, report.stale) == ([], [], [])

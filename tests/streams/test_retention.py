@@ -21,12 +21,12 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from ragcore.errors import EmbeddingUnavailableError
@@ -34,62 +34,7 @@ from ragcore.kafka_config import KafkaSettings
 from schemas.events import RawRecord
 from streams.consumer import ConsumerLoop, DeadLetter, OffsetGap
 from streams.metrics import IngestMetrics
-from tests.streams.support import fast_consumer
-
-#: what the mock keeps of a partition (librdkafka's rd_kafka_mock_partition_new: 5 MiB)
-MOCK_RETENTION_BYTES = 5 * 1024 * 1024
-FILLER = b"f" * 200_000
-
-
-class MockKafka:
-    """A librdkafka mock cluster of one broker, held by a producer that also writes to it
-    (each record in its own batch, so retention deletes record by record)."""
-
-    def __init__(self) -> None:
-        self.producer = Producer({"test.mock.num.brokers": 1, "linger.ms": 0})
-        brokers = self.producer.list_topics(timeout=10).brokers.values()
-        self.bootstrap_servers = ",".join(f"{b.host}:{b.port}" for b in brokers)
-
-    def produce(self, topic: str, values: Sequence[bytes], partition: int = 0) -> None:
-        """Write `values` to one partition (topics are auto-created with 4 partitions)."""
-        for value in values:
-            self.producer.produce(topic, key=b"k", value=value, partition=partition)
-            assert self.producer.flush(10) == 0
-
-    def expire(self, topic: str, past: int) -> tuple[int, int]:
-        """Write filler to partition 0 until retention deleted every offset below `past`;
-        returns the watermarks."""
-        while True:
-            self.produce(topic, [FILLER] * 5)
-            low, high = self.watermarks(topic)
-            if low > past:
-                return low, high
-
-    def watermarks(self, topic: str, partition: int = 0) -> tuple[int, int]:
-        reader = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": "wm"})
-        try:
-            marks = reader.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=10, cached=False
-            )
-            assert marks is not None
-            return marks
-        finally:
-            reader.close()
-
-    def commit(self, group: str, topic: str, offset: int) -> None:
-        """Commit `offset` of partition 0 for `group` (no member running)."""
-        mover = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": group})
-        try:
-            mover.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
-        finally:
-            mover.close()
-
-
-@pytest.fixture(scope="module")
-def mock_kafka() -> Iterator[MockKafka]:
-    cluster = MockKafka()
-    yield cluster
-    cluster.producer.flush(10)
+from tests.streams.support import MockKafka, fast_consumer
 
 
 @dataclass
@@ -129,7 +74,7 @@ class Loop:
 def start_loop(kafka: MockKafka, strategy: str = "range", group: str | None = None) -> Loop:
     suffix = uuid.uuid4().hex[:8]
     topic, dlq = f"ret.{suffix}", f"dlq.{suffix}"
-    kafka.produce(dlq, [b"created"])
+    kafka.create(dlq)
     registry = CollectorRegistry()
     gaps: list[OffsetGap] = []
     handler = Recorder()
