@@ -544,6 +544,8 @@ class ConsumerLoop:
         lost offsets, counted, handed to `on_offset_gaps`) and restarts at the low watermark.
         librdkafka cannot seek a stopped partition, so it is assigned again. A broker that does
         not answer the watermark query leaves it stopped until the next cycle."""
+        for tp in [tp for tp in self._stopped if tp not in self._assigned]:
+            del self._stopped[tp]  # revoked meanwhile: its new owner starts it
         timeout = self._config.lag_query_timeout_s
         starts: dict[tuple[str, int], int] = {}
         gaps: list[OffsetGap] = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 import re
 import time
@@ -221,6 +222,18 @@ class MockKafka:
             mover.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
         finally:
             mover.close()
+
+
+def assert_fetch_gap_logged(
+    records: Sequence[logging.LogRecord], topic: str, position: int, low: int
+) -> None:
+    """An ERROR names the offsets of `topic`[0] lost below the running worker's fetch position."""
+    errors = [r.getMessage() for r in records if r.levelno == logging.ERROR]
+    lost = (
+        f"{topic}[0]: fetch position {position} < low watermark {low}, offsets "
+        f"{position}..{low - 1} ({low - position}) lost"
+    )
+    assert any(lost in m for m in errors), errors
 
 
 def committed(bootstrap: str, group: str, topic: str, partitions: Sequence[int]) -> dict[int, int]:

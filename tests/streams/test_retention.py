@@ -34,7 +34,7 @@ from ragcore.kafka_config import KafkaSettings
 from schemas.events import RawRecord
 from streams.consumer import ConsumerLoop, DeadLetter, OffsetGap
 from streams.metrics import IngestMetrics
-from tests.streams.support import MockKafka, fast_consumer
+from tests.streams.support import MockKafka, assert_fetch_gap_logged, fast_consumer
 
 
 @dataclass
@@ -124,12 +124,7 @@ def test_a_running_worker_overtaken_by_retention_names_the_lost_offsets_and_rest
             env.loop.close()
     assert env.gaps == [OffsetGap(env.topic, 0, 10, low, high, "fetch position")]
     assert env.gaps_counted() == 1
-    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert any(
-        f"{env.topic}[0]: fetch position 10 < low watermark {low}, offsets 10..{low - 1} "
-        f"({low - 10}) lost" in m
-        for m in errors
-    ), errors
+    assert_fetch_gap_logged(caplog.records, env.topic, 10, low)
     # nothing jumped: after the gap the worker read every retained record, in order, once
     assert env.handler.offsets[10:] == [(0, o) for o in range(low, high)]
 
@@ -242,3 +237,12 @@ def test_a_stopped_partition_whose_watermarks_are_unknown_stays_stopped_until_th
     assert consumer.assigned == [[("t", 0, 20), ("t", 1, 3)]]
     assert env.gaps == [OffsetGap("t", 0, 7, 20, 30, "fetch position")]
     assert env.gaps_counted() == 1
+
+
+@pytest.mark.unit
+def test_an_offset_reset_of_a_partition_revoked_meanwhile_is_left_to_its_new_owner() -> None:
+    consumer = FakeConsumer([FakeMessage("t", 5, 7)], marks=(20, 30))
+    env = fake_loop(consumer, {("t", 0): 12})
+    env.loop.run_once()
+    assert consumer.assigned == []
+    assert env.gaps == []
