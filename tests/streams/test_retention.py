@@ -11,9 +11,9 @@ answers a fetch with OFFSET_OUT_OF_RANGE (it answers one past the log end with n
 mock keeps at most 5 MiB per partition and deletes the oldest record batches beyond that,
 which is retention by size; so the real librdkafka client meets a real out-of-range fetch.
 
-The paths no broker here can produce (the watermark query failing at the moment of the
-reset, a partition without a committed offset whose assignment check failed) are unit tests
-with a fake consumer at the end.
+The paths no broker here can produce on demand (the watermark query failing at the moment of
+the reset, a partition without a committed offset whose assignment check failed, a reset
+delivered for a partition revoked meanwhile) are unit tests with a fake consumer at the end.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class Recorder:
 
 @dataclass
 class Loop:
+    """A consumer loop driven cycle by cycle from the test, with what it reported."""
+
     loop: ConsumerLoop
     handler: Recorder
     registry: CollectorRegistry
