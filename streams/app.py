@@ -117,7 +117,7 @@ class IngestWorker:
                 gaps = self.slots.check()
                 if gaps:
                     log.warning("closing the WAL gap of %s: reconciling every tenant", gaps)
-                    self.reconcile_once()
+                    self.reconcile_once(repair=True)
             except (SorUnavailableError, SorTableError) as exc:
                 log.warning("cannot read the SoR's replication slots: %s", exc)
             except RagstreamError:
@@ -127,8 +127,9 @@ class IngestWorker:
                 )
 
     def close_offset_gaps(self) -> None:
-        """Reconcile every tenant after changes expired in Kafka unread (`OffsetGap`); without
-        a SoR the gap stays open and the error says what to do."""
+        """Reconcile every tenant with repair (whatever `reconcile.repair` says: changes are
+        known to be lost) after changes expired in Kafka unread (`OffsetGap`); without a SoR
+        the gap stays open and the error says what to do."""
         self.offset_gaps.clear()
         if self.sor is None:
             log.error(
@@ -138,7 +139,7 @@ class IngestWorker:
             return
         log.warning("closing the offset gap: reconciling every tenant")
         try:
-            self.reconcile_once()
+            self.reconcile_once(repair=True)
         except RagstreamError:
             self.offset_gaps.set()  # retried at the next check
             log.exception(
@@ -146,9 +147,10 @@ class IngestWorker:
                 "`ragstream reconcile --tenant T --repair` for every tenant"
             )
 
-    def reconcile_once(self) -> list[ReconcileReport]:
-        """Reconcile every tenant with an active index (repairing per settings) and export
-        the drift totals as `ragstream_reconcile_*` gauges."""
+    def reconcile_once(self, *, repair: bool | None = None) -> list[ReconcileReport]:
+        """Reconcile every tenant with an active index (repairing per `repair`, default the
+        settings' `reconcile.repair`) and export the drift totals as `ragstream_reconcile_*`
+        gauges."""
         if self.sor is None:
             raise ConfigError("reconciliation reads the system of record: set RAGSTREAM_SOR__KIND")
         reports = []
@@ -163,7 +165,7 @@ class IngestWorker:
                 store=self.store,
                 registry=self.registry,
                 handler=self.handler,
-                repair=self.settings.reconcile.repair,
+                repair=self.settings.reconcile.repair if repair is None else repair,
             )
             log.info(
                 "reconcile %s: %d missing, %d extra, %d stale of %d SoR entities "

@@ -9,7 +9,12 @@ Invariants (docs/decisions/kafka-client-and-consumer-loop.md):
   the batch's partitions are rewound to the batch start and all partitions are paused for a
   backoff (honouring retry-after), then resumed. Re-processing is safe: writes are idempotent;
 - revocation can only happen inside `consume()`, between batches, when nothing is in flight and
-  everything handled was committed; so revoking needs no extra commit.
+  everything handled was committed; so revoking needs no extra commit;
+- no offset ever jumps silently (`auto.offset.reset=error`): a partition the group never read
+  starts at its first offset by an explicit assignment, and a committed offset or a fetch
+  position that fell out of the log (retention overtook the worker) is logged, counted in
+  `ragstream_ingest_offset_gaps_total`, handed to `on_offset_gaps` (the worker reconciles)
+  and restarted at the low watermark by an explicit assignment.
 """
 
 from __future__ import annotations
@@ -24,7 +29,16 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Protocol
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragcore.errors import (
@@ -134,40 +148,50 @@ class ConsumerConfig(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class OffsetGap:
-    """A partition whose committed offset is out of range: `[committed, low)` expired unread
-    (past retention, or deleted records) or, when `committed > high`, the log was truncated
-    or recreated (what is lost is unknown). Either way the index may miss changes."""
+    """A partition the group must read from `offset` (its committed offset at assignment, or
+    the running worker's fetch position) while its log spans `[low, high)`: `[offset, low)`
+    expired unread (past retention, or deleted records) or, when `offset > high`, the log was
+    truncated or recreated (what is lost is unknown). Either way the index may miss changes."""
 
     topic: str
     partition: int
-    committed: int
+    offset: int
     low: int
     high: int
+    #: what `offset` is, for the log line: "committed offset" or "fetch position"
+    at: str = "committed offset"
 
     def describe(self) -> str:
         """The lost range, for the log line."""
         where = f"{self.topic}[{self.partition}]"
-        if self.committed < self.low:
+        if self.offset < self.low:
             return (
-                f"{where}: committed offset {self.committed} < low watermark {self.low}, "
-                f"offsets {self.committed}..{self.low - 1} ({self.low - self.committed}) lost"
+                f"{where}: {self.at} {self.offset} < low watermark {self.low}, "
+                f"offsets {self.offset}..{self.low - 1} ({self.low - self.offset}) lost"
             )
         return (
-            f"{where}: committed offset {self.committed} > high watermark {self.high}, the "
+            f"{where}: {self.at} {self.offset} > high watermark {self.high}, the "
             "log was truncated or recreated (lost offsets unknown)"
         )
 
 
 def offset_gap(
-    topic: str, partition: int, committed: int, low: int, high: int, *, slack: int = 0
+    topic: str,
+    partition: int,
+    offset: int,
+    low: int,
+    high: int,
+    *,
+    slack: int = 0,
+    at: str = "committed offset",
 ) -> OffsetGap | None:
-    """The gap of a partition whose group committed `committed` (negative: never committed,
-    which starts at the low watermark by design, no gap) and whose log spans `[low, high)`;
-    `slack`: how far past `high` a committed offset may lie (a broker that under-reports its
-    high watermark)."""
-    if committed < 0 or low <= committed <= high + slack:
+    """The gap of a partition to be read from `offset` (negative: the group never committed
+    there, which starts at the low watermark by design, no gap) whose log spans `[low, high)`;
+    `slack`: how far past `high` an offset may lie (a broker that under-reports its high
+    watermark)."""
+    if offset < 0 or low <= offset <= high + slack:
         return None
-    return OffsetGap(topic, partition, committed, low, high)
+    return OffsetGap(topic, partition, offset, low, high, at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +287,16 @@ class ConsumerLoop:
         self._committed: dict[tuple[str, int], int] = {}
         self._high: dict[tuple[str, int], int] = {}
         self._lag_due = 0.0
+        #: per assigned partition, the next offset the loop needs (or a logical one:
+        #: OFFSET_BEGINNING, OFFSET_INVALID for the group's committed offset); re-assigning a
+        #: partition whose fetch stopped restarts every other partition from here (eager)
+        self._positions: dict[tuple[str, int], int] = {}
+        #: partitions whose fetch stopped on an offset reset, with librdkafka's fetch position
+        #: (None: no committed offset), waiting for `_restart_stopped`
+        self._stopped: dict[tuple[str, int], int | None] = {}
+        self._cooperative = all(
+            s.strip() == "cooperative-sticky" for s in config.assignment_strategy.split(",")
+        )
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -273,7 +307,10 @@ class ConsumerLoop:
             "group.id": c.group_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
+            # never jump silently: an offset out of range is an error event we handle
+            # (`_restart_stopped`); a new group's partitions start at their first offset by
+            # an explicit assignment (`_on_assign`)
+            "auto.offset.reset": "error",
             "session.timeout.ms": c.session_timeout_ms,
             "heartbeat.interval.ms": c.heartbeat_interval_ms,
             "max.poll.interval.ms": c.max_poll_interval_ms,
@@ -355,23 +392,39 @@ class ConsumerLoop:
         log.info("assigned %s", [(p.topic, p.partition) for p in partitions])
         for p in partitions:  # exported at 0: `increase()` sees the first gap
             self._metrics.offset_gaps.labels(p.topic, str(p.partition))
-        self.check_offsets(consumer, [(p.topic, p.partition) for p in partitions])
+        starts = self.start_offsets(consumer, [(p.topic, p.partition) for p in partitions])
+        assignment = [TopicPartition(t, p, o) for (t, p), o in starts.items()]
+        if self._cooperative:
+            consumer.incremental_assign(assignment)
+        else:
+            consumer.assign(assignment)
 
-    def check_offsets(self, consumer: Consumer, partitions: Sequence[tuple[str, int]]) -> None:
-        """Compare the group's committed offset of each partition with the partition's
-        watermarks, before librdkafka's `auto.offset.reset` would silently jump an out-of-range
-        offset to the low watermark: each gap is logged as an ERROR naming the lost offsets,
-        counted in `ragstream_ingest_offset_gaps_total` and handed to `on_offset_gaps`."""
-        if not partitions:
-            return
+    def start_offsets(
+        self, consumer: Consumer, partitions: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        """Where each newly assigned partition starts, from the group's committed offset and
+        the partition's watermarks: OFFSET_BEGINNING where the group never committed (a new
+        group reads everything); the low watermark where the committed offset is out of range
+        (each such gap is logged as an ERROR naming the lost offsets, counted in
+        `ragstream_ingest_offset_gaps_total` and handed to `on_offset_gaps`); otherwise the
+        committed offset (OFFSET_INVALID). Records the positions for `_restart_stopped`.
+
+        When the broker does not answer, every partition starts at its committed offset and
+        librdkafka's error event for one without (or out of range) does the rest."""
         timeout = self._config.lag_query_timeout_s
+        starts = {tp: OFFSET_INVALID for tp in partitions}
+        positions = dict(starts)
         gaps: list[OffsetGap] = []
         try:
-            committed = consumer.committed(
-                [TopicPartition(t, p) for t, p in partitions], timeout=timeout
+            committed = (
+                consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout)
+                if partitions
+                else []
             )
             for tp in committed:
+                key = (tp.topic, tp.partition)
                 if tp.offset < 0:
+                    starts[key] = positions[key] = OFFSET_BEGINNING
                     continue
                 marks = consumer.get_watermark_offsets(
                     TopicPartition(tp.topic, tp.partition), timeout=timeout, cached=False
@@ -385,18 +438,25 @@ class ConsumerLoop:
                     *marks,
                     slack=self._config.high_watermark_slack,
                 )
-                if gap is not None:
+                if gap is None:
+                    positions[key] = tp.offset
+                else:
                     gaps.append(gap)
+                    starts[key] = positions[key] = gap.low
         except KafkaException as exc:
             log.error(
-                "cannot compare the committed offsets of %s with their watermarks (%s): an "
-                "offset lost to retention would go unnoticed; check the partitions' low "
-                "watermarks against the group's offsets",
+                "cannot compare the committed offsets of %s with their watermarks (%s): "
+                "starting at the committed offsets; one out of range is reported when its "
+                "fetch fails",
                 list(partitions),
                 exc,
             )
-            return
+            starts = {tp: OFFSET_INVALID for tp in partitions}
+            self._positions.update(starts)
+            return starts
+        self._positions.update(positions)
         self._report_gaps(gaps)
+        return starts
 
     def _report_gaps(self, gaps: Sequence[OffsetGap]) -> None:
         for gap in gaps:
@@ -416,6 +476,8 @@ class ConsumerLoop:
         for tp in revoked:
             self._committed.pop(tp, None)
             self._high.pop(tp, None)
+            self._positions.pop(tp, None)
+            self._stopped.pop(tp, None)
         self._metrics.backlog.forget(revoked)
         self._metrics.assigned_partitions.set(len(self._assigned))
         log.info("revoked %s", [(p.topic, p.partition) for p in partitions])
@@ -453,22 +515,111 @@ class ConsumerLoop:
             elif err.code() == KafkaError._PARTITION_EOF:
                 continue
             elif err.code() == KafkaError._AUTO_OFFSET_RESET:
-                # an offset went out of range while assigned (retention overtook the worker)
-                log.error("consumer offset reset (offsets may be lost): %s", err)
+                # the partition's fetch stopped: its offset is out of range (retention
+                # overtook the worker) or it has none; restarted after the batch
                 topic, partition = msg.topic(), msg.partition()
-                if topic is not None and partition is not None:
-                    self.check_offsets(consumer, [(topic, partition)])
+                if topic is None or partition is None:
+                    raise RagstreamError(f"an offset reset without a partition: {err}")
+                log.info("fetch of %s[%d] stopped: %s", topic, partition, err.str())
+                self._stopped[(topic, partition)] = msg.offset()
             elif err.fatal():
                 raise RagstreamError(f"fatal Kafka consumer error: {err}")
             else:
                 log.warning("consumer error (retried by librdkafka): %s", err)
-        if not records:
-            return 0
-        with self._tracing.span("ingest.batch", self._batch_attributes(records)) as span:
-            handled = self._apply(records)
-            if span is not None:
-                span.set_attribute("ragstream.outcome", "committed" if handled else "retried")
+        handled = 0
+        if records:
+            with self._tracing.span("ingest.batch", self._batch_attributes(records)) as span:
+                handled = self._apply(records)
+                if span is not None:
+                    span.set_attribute("ragstream.outcome", "committed" if handled else "retried")
+        if self._stopped:
+            self._restart_stopped(consumer)
         return handled
+
+    def _restart_stopped(self, consumer: Consumer) -> None:
+        """Restart the partitions whose fetch stopped on an offset reset (after the batch, so
+        their position counts what it handled). One without a committed offset (the
+        watermark check at assignment did not answer) starts at its first offset; one whose
+        position fell out of the log is a gap like those found at assignment (logged with the
+        lost offsets, counted, handed to `on_offset_gaps`) and restarts at the low watermark.
+        librdkafka cannot seek a stopped partition, so it is assigned again. A broker that does
+        not answer the watermark query leaves it stopped until the next cycle."""
+        for tp in [tp for tp in self._stopped if tp not in self._assigned]:
+            del self._stopped[tp]  # revoked meanwhile: its new owner starts it
+        timeout = self._config.lag_query_timeout_s
+        starts: dict[tuple[str, int], int] = {}
+        gaps: list[OffsetGap] = []
+        for (topic, partition), fetch_at in sorted(self._stopped.items()):
+            known = self._positions.get((topic, partition), OFFSET_INVALID)
+            position = known if known >= 0 else fetch_at
+            if position is None or position < 0:
+                log.info(
+                    "%s[%d] has no committed offset (the group never read it): starting at "
+                    "its first offset",
+                    topic,
+                    partition,
+                )
+                starts[(topic, partition)] = OFFSET_BEGINNING
+                continue
+            try:
+                marks = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=timeout, cached=False
+                )
+            except KafkaException as exc:
+                marks, reason = None, str(exc)
+            else:
+                reason = f"no answer within {timeout}s"
+            if marks is None:
+                log.warning(
+                    "%s[%d] stopped at an offset out of range (%d) and its watermarks are "
+                    "unknown (%s): retried next cycle",
+                    topic,
+                    partition,
+                    position,
+                    reason,
+                )
+                continue
+            # the broker's own answer: no slack for an under-reported high watermark
+            gap = offset_gap(topic, partition, position, *marks, at="fetch position")
+            if gap is None:
+                log.warning(
+                    "%s[%d]: the broker reported fetch position %d out of range, but its log "
+                    "now spans %d..%d: resuming there",
+                    topic,
+                    partition,
+                    position,
+                    *marks,
+                )
+                starts[(topic, partition)] = position
+            else:
+                gaps.append(gap)
+                starts[(topic, partition)] = gap.low
+        if not starts:
+            return
+        self._reassign(consumer, starts)
+        for tp in starts:
+            self._stopped.pop(tp, None)
+        self._report_gaps(gaps)
+
+    def _reassign(self, consumer: Consumer, starts: dict[tuple[str, int], int]) -> None:
+        """Assign stopped partitions again at `starts` (cooperative: those alone; eager: the
+        whole assignment, every other partition at its recorded position, except those still
+        stopped), keeping the loop's pause (backoff) in force."""
+        self._positions.update(starts)
+        if self._cooperative:
+            consumer.incremental_unassign([TopicPartition(t, p) for t, p in starts])
+            restarted = [TopicPartition(t, p, o) for (t, p), o in starts.items()]
+            consumer.incremental_assign(restarted)
+        else:
+            restarted = [
+                TopicPartition(t, p, self._positions.get((t, p), OFFSET_INVALID))
+                for t, p in sorted(self._assigned)
+                if (t, p) in starts or (t, p) not in self._stopped
+            ]
+            consumer.assign(restarted)
+        if self._paused_until is not None:
+            consumer.pause([TopicPartition(tp.topic, tp.partition) for tp in restarted])
+        log.info("restarted %s", sorted(starts.items()))
 
     def _batch_attributes(self, records: Sequence[RawRecord]) -> dict[str, str | int]:
         """The batch span's attributes (OpenTelemetry messaging conventions)."""
@@ -546,6 +697,7 @@ class ConsumerLoop:
             key = (rec.topic, rec.partition)
             next_offsets[key] = max(next_offsets.get(key, -1), rec.offset + 1)
         offsets = [TopicPartition(t, p, o) for (t, p), o in next_offsets.items()]
+        self._positions.update(next_offsets)
         started = time.perf_counter()
         try:
             consumer.commit(offsets=offsets, asynchronous=False)
@@ -605,8 +757,10 @@ class ConsumerLoop:
         for rec in records:
             key = (rec.topic, rec.partition)
             first[key] = min(first.get(key, rec.offset), rec.offset)
+        self._positions.update(first)
         for (topic, partition), offset in first.items():
-            consumer.seek(TopicPartition(topic, partition, offset))
+            if (topic, partition) not in self._stopped:  # a stopped fetch cannot seek
+                consumer.seek(TopicPartition(topic, partition, offset))
         assignment = consumer.assignment()
         consumer.pause(assignment)
         self._metrics.paused_partitions.set(len(assignment))

@@ -23,6 +23,7 @@ import pytest
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
 from tests.reads import AUDIT
+from tests.streams.support import MockKafka
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -151,6 +152,14 @@ def kafka_broker() -> Iterator[TansuBroker]:
     """A real Kafka-protocol broker (tansu) on a loopback port for the whole session."""
     with TansuBroker() as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def mock_kafka() -> Iterator[MockKafka]:
+    """librdkafka's mock cluster, the only broker here with retention (`MockKafka`)."""
+    cluster = MockKafka()
+    yield cluster
+    cluster.producer.flush(10)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 import re
 import time
@@ -166,6 +167,73 @@ def produce(bootstrap: str, topic: str, records: Sequence[Record]) -> dict[int, 
     assert producer.flush(30) == 0
     assert not errors, errors
     return last
+
+
+class MockKafka:
+    """librdkafka's mock cluster (`test.mock.num.brokers`) of one broker: a Kafka-protocol
+    broker inside the test process that real clients reach over loopback TCP, and the only
+    broker here with retention (by size: it keeps 5 MiB per partition and deletes the oldest
+    record batches beyond that). No CreateTopics: topics are auto-created with 4 partitions
+    when first written. Held by a producer that also writes to it (each record in its own
+    batch, so retention deletes record by record); it lives as long as that producer."""
+
+    def __init__(self) -> None:
+        self.producer = Producer({"test.mock.num.brokers": 1, "linger.ms": 0})
+        brokers = self.producer.list_topics(timeout=10).brokers.values()
+        self.bootstrap_servers = ",".join(f"{b.host}:{b.port}" for b in brokers)
+
+    def create(self, *topics: str) -> None:
+        """Create topics (4 partitions) by asking for their metadata."""
+        for topic in topics:
+            assert topic in self.producer.list_topics(topic, timeout=10).topics
+
+    def produce(self, topic: str, records: Sequence[bytes | Record], partition: int = 0) -> None:
+        """Write `records` (values or keyed records) to one partition, each in its own batch."""
+        for rec in records:
+            key, value = (b"k", rec) if isinstance(rec, bytes) else (rec.key, rec.value)
+            self.producer.produce(topic, key=key, value=value, partition=partition)
+            assert self.producer.flush(10) == 0
+
+    def expire(self, topic: str, past: int, filler: bytes = b"f" * 200_000) -> tuple[int, int]:
+        """Write `filler` records to partition 0 until retention deleted every offset up to
+        `past`; returns the watermarks."""
+        while True:
+            self.produce(topic, [filler] * 5)
+            low, high = self.watermarks(topic)
+            if low > past:
+                return low, high
+
+    def watermarks(self, topic: str, partition: int = 0) -> tuple[int, int]:
+        """The partition's low and high watermark."""
+        reader = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": "wm"})
+        try:
+            marks = reader.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=10, cached=False
+            )
+            assert marks is not None
+            return marks
+        finally:
+            reader.close()
+
+    def commit(self, group: str, topic: str, offset: int) -> None:
+        """Commit `offset` of partition 0 for `group` (no member running)."""
+        mover = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": group})
+        try:
+            mover.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
+        finally:
+            mover.close()
+
+
+def assert_fetch_gap_logged(
+    records: Sequence[logging.LogRecord], topic: str, position: int, low: int
+) -> None:
+    """An ERROR names the offsets of `topic`[0] lost below the running worker's fetch position."""
+    errors = [r.getMessage() for r in records if r.levelno == logging.ERROR]
+    lost = (
+        f"{topic}[0]: fetch position {position} < low watermark {low}, offsets "
+        f"{position}..{low - 1} ({low - position}) lost"
+    )
+    assert any(lost in m for m in errors), errors
 
 
 def committed(bootstrap: str, group: str, topic: str, partitions: Sequence[int]) -> dict[int, int]:

@@ -1,13 +1,15 @@
-"""Changes lost to Kafka retention: a worker whose group's committed offset is out of range
-must say so (ERROR naming the lost offsets, `ragstream_ingest_offset_gaps_total`) and close the
-gap by reconciling with the SoR, instead of letting `auto.offset.reset` jump silently.
+"""Changes lost to Kafka retention: a worker whose group's committed offset, or whose fetch
+position while it runs, is out of range must say so (ERROR naming the lost offsets,
+`ragstream_ingest_offset_gaps_total`) and close the gap by reconciling with the SoR, instead of
+letting `auto.offset.reset` jump silently.
 
 The tansu dev broker implements neither DeleteRecords (the admin call drops the connection) nor
 retention, and it forgets a deleted topic's committed offsets, so its low watermark is always 0.
-The integration test therefore makes the committed offset out of range from the other side: the
-group's offset is moved past the log end while the worker is stopped (the changes in between
-never reach the worker, as when they expire). The below-the-low-watermark arithmetic is covered
-by the unit tests of `offset_gap`.
+The stopped-worker test on tansu therefore makes the committed offset out of range from the
+other side: the group's offset is moved past the log end while the worker is stopped (the
+changes in between never reach the worker, as when they expire). The running-worker test uses
+librdkafka's mock cluster, whose retention by size deletes records for real (`MockKafka`;
+consumer-level cases in `test_retention.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -26,6 +29,7 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
+from ragcore.errors import EmbeddingUnavailableError
 from ragcore.kafka_config import KafkaSettings
 from ragcore.settings import SorSettings, StoreSettings
 from ragcore.store.edge import EdgeStore
@@ -37,11 +41,13 @@ from streams.app import IngestWorker, build_worker
 from streams.consumer import offset_gap
 from streams.liveness import LivenessSettings
 from streams.reconcile import reconcile
-from streams.settings import IngestSettings
+from streams.settings import IngestSettings, ReconcileSettings
 from tests.conftest import REPO_ROOT
 from tests.streams.support import (
     HashEmbedder,
+    MockKafka,
     Record,
+    assert_fetch_gap_logged,
     create_topics,
     entities_plan,
     fast_consumer,
@@ -56,7 +62,7 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 @pytest.mark.unit
 def test_a_committed_offset_below_the_low_watermark_names_the_expired_offsets() -> None:
-    gap = offset_gap("sor.public.entities", 2, committed=40, low=100, high=250)
+    gap = offset_gap("sor.public.entities", 2, offset=40, low=100, high=250)
     assert gap is not None
     assert gap.describe() == (
         "sor.public.entities[2]: committed offset 40 < low watermark 100, offsets 40..99 (60) lost"
@@ -65,7 +71,7 @@ def test_a_committed_offset_below_the_low_watermark_names_the_expired_offsets() 
 
 @pytest.mark.unit
 def test_a_committed_offset_past_the_log_end_is_a_gap_of_unknown_size() -> None:
-    gap = offset_gap("t", 0, committed=12, low=0, high=3)
+    gap = offset_gap("t", 0, offset=12, low=0, high=3)
     assert gap is not None
     assert "committed offset 12 > high watermark 3" in gap.describe()
 
@@ -74,11 +80,11 @@ def test_a_committed_offset_past_the_log_end_is_a_gap_of_unknown_size() -> None:
 def test_a_slack_tolerates_a_broker_that_under_reports_its_high_watermark() -> None:
     # tansu reports the base offset of the last record batch + 1: after a batch of 40 records
     # at offsets 0..39 the group commits 40 while the high watermark reads 1
-    assert offset_gap("t", 0, committed=40, low=0, high=1) is not None
-    assert offset_gap("t", 0, committed=40, low=0, high=1, slack=1_000) is None
-    assert offset_gap("t", 0, committed=5_001, low=0, high=1, slack=1_000) is not None
+    assert offset_gap("t", 0, offset=40, low=0, high=1) is not None
+    assert offset_gap("t", 0, offset=40, low=0, high=1, slack=1_000) is None
+    assert offset_gap("t", 0, offset=5_001, low=0, high=1, slack=1_000) is not None
     # the slack never hides offsets expired below the log start
-    assert offset_gap("t", 0, committed=40, low=100, high=250, slack=1_000) is not None
+    assert offset_gap("t", 0, offset=40, low=100, high=250, slack=1_000) is not None
 
 
 @pytest.mark.unit
@@ -108,27 +114,41 @@ def _row(entity: str, text: str) -> dict[str, object]:
 
 
 class GapEnv:
-    """A SoR schema, a one-partition topic and a store that outlive the worker's restarts."""
+    """A SoR schema, a topic and a store that outlive the worker's restarts, on tansu (a
+    one-partition topic) or librdkafka's mock cluster (`MockKafka`: topics auto-created with
+    4 partitions; the changes go to partition 0)."""
 
-    def __init__(self, broker: TansuBroker, dsn: str, data_dir: Path) -> None:
+    def __init__(
+        self, kafka: TansuBroker | MockKafka, dsn: str, data_dir: Path, **settings: Any
+    ) -> None:
         suffix = uuid.uuid4().hex[:8]
-        self.broker, self.dsn = broker, dsn
+        self.bootstrap, self.dsn = kafka.bootstrap_servers, dsn
         self.schema, self.topic, self.group = f"t_{suffix}", f"sor.gap.{suffix}", suffix
         self.dlq = f"dlq.{suffix}"
+        self.embedder = HashEmbedder()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f'CREATE SCHEMA "{self.schema}"'.encode())
             conn.execute(f'SET search_path TO "{self.schema}"'.encode())
             conn.execute(TABLE_SQL.read_text().encode())
-        create_topics(broker.bootstrap_servers, self.topic, self.dlq, partitions=1)
+        consumer = fast_consumer(self.dlq, self.group, self.topic)
+        if isinstance(kafka, MockKafka):
+            kafka.create(self.topic, self.dlq)
+            # the mock delays a group's first join by 3 s: a shorter session expires the member
+            consumer = consumer.model_copy(
+                update={"session_timeout_ms": 6000, "heartbeat_interval_ms": 500}
+            )
+        else:
+            create_topics(self.bootstrap, self.topic, self.dlq, partitions=1)
         self.store = EdgeStore(data_dir)
         self.settings = IngestSettings(
-            kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers),
-            consumer=fast_consumer(self.dlq, self.group, self.topic),
+            kafka=KafkaSettings(bootstrap_servers=self.bootstrap),
+            consumer=consumer,
             store=StoreSettings(data_dir=data_dir),
             embedding_cache=None,
             sor=SorSettings(kind="postgres", dsn=SecretStr(dsn)),
             plan=entities_plan(f"{self.schema}.entities", self.topic),
             liveness=LivenessSettings(heartbeats=False, check_interval_s=0.2),
+            **settings,
         )
 
     def insert(self, entity: str, text: str) -> None:
@@ -141,8 +161,13 @@ class GapEnv:
                 (entity, TENANT, entity, text, T0, T0),
             )
 
+    def change(self, entity: str, text: str, lsn: int) -> Record:
+        """The Debezium create event of a row `insert` wrote."""
+        value = change_event(Op.CREATE, before=None, after=_row(entity, text), lsn=lsn)
+        return Record(encode_key({"id": entity}), encode_value(value))
+
     def start(self, registry: CollectorRegistry) -> tuple[IngestWorker, threading.Thread]:
-        worker = build_worker(self.settings, registry, store=self.store, embedder=HashEmbedder())
+        worker = build_worker(self.settings, registry, store=self.store, embedder=self.embedder)
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
         return worker, thread
@@ -175,13 +200,12 @@ def test_offsets_lost_while_the_worker_was_stopped_are_named_counted_and_reconci
     gap_env: GapEnv, caplog: pytest.LogCaptureFixture
 ) -> None:
     env = gap_env
-    bootstrap = env.broker.bootstrap_servers
+    bootstrap = env.bootstrap
     # the worker indexes one entity through the stream, then stops
     text = "The pump needs calibration every month."
     env.insert("ent-1", text)
-    value = change_event(Op.CREATE, before=None, after=_row("ent-1", text), lsn=5000)
     worker, thread = env.start(CollectorRegistry())
-    last = produce(bootstrap, env.topic, [Record(encode_key({"id": "ent-1"}), encode_value(value))])
+    last = produce(bootstrap, env.topic, [env.change("ent-1", text, 5000)])
     wait_committed(bootstrap, env.group, env.topic, last, 60)
     stop(worker, thread)
 
@@ -217,5 +241,67 @@ def test_offsets_lost_while_the_worker_was_stopped_are_named_counted_and_reconci
             report = reconcile(TENANT, sor=worker.sor, store=worker.store, registry=worker.registry)
         finally:
             stop(worker, thread)
+    assert report.sor_entities == 3
+    assert (report.missing, report.extra, report.stale) == ([], [], [])
+
+
+@pytest.mark.integration
+def test_changes_expired_under_a_running_worker_paused_by_an_outage_are_reconciled(
+    mock_kafka: MockKafka,
+    postgres: PostgresCluster,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The embedder is down for longer than the topic's retention: the running worker keeps
+    retrying the change it could not embed, retention deletes it and the next one, and the
+    worker must notice (not jump), restart at the log start and reconcile, with repair even
+    though scheduled repairs are off. librdkafka's mock cluster is the broker: the only one
+    here with retention (see `MockKafka`)."""
+    env = GapEnv(
+        mock_kafka,
+        postgres.dsn,
+        tmp_path / "store",
+        reconcile=ReconcileSettings(interval_s=0, repair=False),
+    )
+    try:
+        text = "The pump needs calibration every month."
+        env.insert("ent-1", text)
+        mock_kafka.produce(env.topic, [env.change("ent-1", text, 5000)])
+        registry = CollectorRegistry()
+        labels = {"topic": env.topic, "partition": "0"}
+        with caplog.at_level(logging.INFO):
+            worker, thread = env.start(registry)
+            try:
+                wait_committed(env.bootstrap, env.group, env.topic, {0: 0}, 60)
+                env.embedder.fail_with = EmbeddingUnavailableError("embedder down (test)")
+                later = [
+                    ("ent-2", "Replace the filter after 500 hours of operation.", 5100),
+                    ("ent-3", "The valve must be closed before maintenance.", 5200),
+                ]
+                for entity, body, lsn in later:
+                    env.insert(entity, body)
+                    mock_kafka.produce(env.topic, [env.change(entity, body, lsn)])
+                deadline = time.monotonic() + 30
+                while "embedder unavailable" not in caplog.text:
+                    assert time.monotonic() < deadline, "the worker never hit the outage"
+                    time.sleep(0.1)
+                # ent-2 and ent-3 expire unread (the filler is dead-lettered: no envelope)
+                filler = b"{%s}" % (b" " * 200_000)
+                low, _high = mock_kafka.expire(env.topic, past=2, filler=filler)
+                env.embedder.fail_with = None
+                deadline = time.monotonic() + 60
+                while not any(r.getMessage().startswith("reconcile acme:") for r in caplog.records):
+                    assert time.monotonic() < deadline, "no reconcile after the offset gap"
+                    time.sleep(0.2)
+                assert registry.get_sample_value("ragstream_ingest_offset_gaps_total", labels) == 1
+                assert_fetch_gap_logged(caplog.records, env.topic, 1, low)
+                assert worker.sor is not None
+                report = reconcile(
+                    TENANT, sor=worker.sor, store=worker.store, registry=worker.registry
+                )
+            finally:
+                stop(worker, thread)
+    finally:
+        env.close()
     assert report.sor_entities == 3
     assert (report.missing, report.extra, report.stale) == ([], [], [])
