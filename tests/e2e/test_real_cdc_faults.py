@@ -38,6 +38,7 @@ from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from streams.decode import decode_record
 from streams.liveness import LivenessSettings
+from streams.reconcile import reconcile
 from streams.settings import IngestSettings
 from tests.conftest import REPO_ROOT
 from tests.e2e.test_real_cdc import (
@@ -343,6 +344,49 @@ def test_a_renamed_content_column_dead_letters_its_events_and_replay_brings_them
     assert "order_lines:3003,1" in cdc.index()["acme"]
     assert top_entity(cdc, "globex", "brass valve V-2") == "order_lines:3003,2"
     assert cdc.replay().read == 0  # the replay group committed past them
+
+
+def test_a_dropped_content_column_dead_letters_its_events_and_the_runbook_converges(
+    cdc: FaultCdc,
+) -> None:
+    cdc.sql("INSERT INTO order_lines VALUES (3005, 1, 'acme', 'Filter F-5', 'Change yearly.')")
+    eventually(
+        lambda: "order_lines:3005,1" in cdc.index().get("acme", ()), 60, "a line before the drop"
+    )
+    cdc.converged()
+    dlq_before = len(read_all(cdc.broker.bootstrap_servers, cdc.dlq, timeout=3))
+    table = f"{cdc.schema}.order_lines"
+    drift = {"table": table, "column": "note"}
+    drift_before = cdc.metric("ragstream_ingest_schema_drift_total", drift)
+    cdc.sql("ALTER TABLE order_lines DROP COLUMN note")
+    cdc.sql("INSERT INTO order_lines VALUES (3004, 1, 'acme', 'Hose H-4')")
+    cdc.put("after-drop", "acme", "The loading dock closes at six.")
+    eventually(
+        lambda: cdc.metric("ragstream_ingest_schema_drift_total", drift) == drift_before + 1,
+        60,
+        "the order line counted as schema drift",
+    )
+    eventually(lambda: "entities:after-drop" in cdc.index().get("acme", ()), 60, "entities flow")
+    (letter,) = read_all(cdc.broker.bootstrap_servers, cdc.dlq, timeout=5)[dlq_before:]
+    headers = {k: (v or b"").decode() for k, v in letter.headers() or []}
+    assert headers["ragstream.error.code"] == "SCHEMA_DRIFT"
+    assert table in headers["ragstream.error.message"]
+    assert "note" in headers["ragstream.error.message"]
+    assert "order_lines:3004,1" not in cdc.index()["acme"]  # never indexed as if `note` were empty
+
+    # the fix (runbook): the migration is reverted; the dropped notes are gone from the SoR, so
+    # the rows indexed before the drop are stale until the repairing reconcile re-reads them
+    cdc.sql("ALTER TABLE order_lines ADD COLUMN note text")
+    report = cdc.replay()
+    assert (report.failing, report.committed, report.entities) == ([], True, 1)
+    stale = [
+        reconcile(t, sor=cdc.sor, store=cdc.store, registry=cdc.worker.registry) for t in TENANTS
+    ]
+    assert "order_lines:3005,1" in {e for r in stale for e in r.stale}, [r.to_dict() for r in stale]
+    cdc.worker.reconcile_once(repair=True)  # `ragstream reconcile --tenant T --repair`, each T
+    cdc.converged()
+    assert "order_lines:3004,1" in cdc.index()["acme"]
+    assert top_entity(cdc, "acme", "hose H-4") == "order_lines:3004,1"
 
 
 def test_a_dropped_replication_slot_is_a_wal_gap_closed_by_an_automatic_reconcile(
