@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ragcore.errors import RagstreamError
+from retrieval_api.grpc_codes import SERVER_ERROR_CODES
 
 __all__ = [
     "NOT_EXPORTED",
@@ -38,8 +39,6 @@ __all__ = [
 ]
 
 NOT_EXPORTED = "n/a (metric not exported)"
-#: gRPC codes (go-grpc-prometheus spelling) that are the server's failures, not the caller's.
-SERVER_ERROR_CODES = ("Unknown", "Internal", "Unavailable", "DataLoss", "DeadlineExceeded")
 RETRIEVE_METHOD = "Retrieve"
 #: Labels that name a tenant (or a bounded class of tenants).
 TENANT_LABELS = ("tenant", "tenant_class")

@@ -4,11 +4,6 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-#: gRPC codes (go-grpc-prometheus spelling) that mean the server failed; every other non-OK code
-#: is the caller's mistake (InvalidArgument, Unauthenticated, PermissionDenied, NotFound,
-#: ResourceExhausted, FailedPrecondition, ...). The error-rate alert reads only these.
-SERVER_ERROR_CODES = ("Unknown", "Internal", "Unavailable", "DataLoss", "DeadlineExceeded")
-
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 

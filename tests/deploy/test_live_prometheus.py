@@ -26,7 +26,7 @@ import pytest
 from ragcore.errors import EmbeddingUnavailableError
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
-from retrieval_api.metrics import SERVER_ERROR_CODES
+from retrieval_api.grpc_codes import SERVER_ERROR_CODES
 from tests.deploy.live_stack import (
     ACME_ROWS,
     PROMOTE_ABOVE,
