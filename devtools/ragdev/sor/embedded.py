@@ -62,6 +62,7 @@ class EmbeddedSor:
         self._conn.execute("CREATE TABLE IF NOT EXISTS sor_meta (k TEXT PRIMARY KEY, v INTEGER)")
         self._conn.execute("INSERT OR IGNORE INTO sor_meta VALUES ('lsn', 1000)")
         self._conn.commit()
+        self._closed = False
         self._producer = Producer(
             {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "linger.ms": 5}
         )
@@ -274,7 +275,10 @@ class EmbeddedSor:
 
     def close(self) -> None:
         """Flush and close; the producer is released here, so its connections close before
-        the dev stack stops the broker."""
+        the dev stack stops the broker. Closing twice is a no-op."""
+        if self._closed:
+            return
+        self._closed = True
         self._producer.flush(10)
         del self._producer
         self._conn.close()
