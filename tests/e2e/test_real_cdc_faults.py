@@ -499,6 +499,61 @@ def test_a_sor_restored_to_an_earlier_point_by_writes_converges_through_the_stre
     assert top_entity(cdc, "globex", "restore ledger entry 1 about crane 11") == "entities:rp-1"
 
 
+def test_a_sor_restored_physically_from_a_base_backup_converges_by_the_runbook(
+    cdc: FaultCdc,
+) -> None:
+    for n in range(4):
+        cdc.put(f"pb-{n}", TENANTS[n % 2], f"Base backup ledger entry {n} about winch {n * 7}.")
+    cdc.converged()
+    backup = cdc.pg.base_backup(cdc.prefix)
+    # after the backup: a bad migration, a delete, an insert; all of it indexed
+    cdc.sql(
+        "UPDATE entities SET content = 'Base backup ledger entry 0 was mangled by a bad"
+        " migration.', updated_at = now() WHERE id = 'pb-0'"
+    )
+    cdc.sql("DELETE FROM entities WHERE id = 'pb-1'")
+    cdc.put("pb-late", "acme", "A row written after the backup about hoist 77.")
+    cdc.converged()
+    assert "entities:pb-late" in cdc.index()["acme"]
+    gaps = {"slot": cdc.dbz.slot}
+    gaps_before = cdc.metric("ragstream_sor_wal_gaps_total", gaps)
+
+    # the restore: the server goes back to the backup (no change events for what it undoes; the
+    # slot is gone; new commits get WAL positions below those of the abandoned history)
+    cdc.dbz.kill()
+    cdc.pg.restore(backup)
+    cdc.sql(
+        "UPDATE entities SET content = 'Base backup ledger entry 2 about winch 14, inspected"
+        " after the restore.', updated_at = now() WHERE id = 'pb-2'"
+    )
+    # runbook step 1 (procedures/sor-restored.md): the connector, recreated with fresh offsets,
+    # takes a new snapshot; step 2, the repairing reconcile, is the worker's own (WAL gap)
+    (cdc.dbz.work_dir / "offsets.dat").unlink()
+    cdc.dbz.restart(timeout=240)
+    eventually(
+        lambda: cdc.metric("ragstream_sor_wal_gaps_total", gaps) > gaps_before,
+        60,
+        "the vanished slot counted as a WAL gap",
+    )
+    cdc.converged(timeout=120)
+    acme, globex = cdc.index()["acme"], cdc.index()["globex"]
+    assert "entities:pb-late" not in acme  # inserted since the backup: vanished
+    assert "entities:pb-1" in globex  # deleted since the backup: back
+    assert not any("bad migration" in t for t in texts(cdc, "acme", "entities:pb-0"))
+    assert any("inspected after the restore" in t for t in texts(cdc, "acme", "entities:pb-2"))
+    # and the stream applies new commits to the entities the abandoned history had changed
+    cdc.sql(
+        "UPDATE entities SET content = 'Base backup ledger entry 0 about winch 0, re-issued.',"
+        " updated_at = now() WHERE id = 'pb-0'"
+    )
+    eventually(
+        lambda: any("re-issued" in t for t in texts(cdc, "acme", "entities:pb-0")),
+        60,
+        "a commit after the restore reaches the index",
+    )
+    cdc.converged()
+
+
 def test_a_mapped_columns_type_changed_while_streaming(cdc: FaultCdc) -> None:
     cdc.put("ty-1", "globex", "The forklift batteries charge overnight.", "Batteries")
     cdc.converged()

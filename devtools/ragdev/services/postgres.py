@@ -156,6 +156,38 @@ class PostgresCluster(LocalService):
                 "its parent directories traversable (chmod o+x) or use another directory"
             )
 
+    def base_backup(self, name: str) -> Path:
+        """A physical base backup of the running cluster (`pg_basebackup`, the WAL it needs
+        included) in the cluster's own directory; `restore()` takes it."""
+        dest = self._root / f"backup-{name}"
+        self._run(
+            str(self.bindir / "pg_basebackup"),
+            "-D",
+            str(dest),
+            "-X",
+            "stream",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+            "--checkpoint=fast",
+            "--no-sync",
+        )
+        return dest
+
+    def restore(self, backup: Path) -> None:
+        """A physical restore: stop the server, replace its data directory with `backup` (taken
+        by `base_backup`, consumed here) and start it on the same port. As after a PITR, what
+        was committed since the backup is gone, replication slots are not restored (a base
+        backup has none), and new commits get WAL positions from the backup's point on, below
+        those the abandoned history reached."""
+        self.stop(keep_data=True)
+        shutil.rmtree(self._data)
+        backup.rename(self._data)
+        self.start()
+
     def stop(self, *, keep_data: bool = False) -> None:
         """Stop the server (immediately, like a crash) and delete its files unless
         `keep_data` (then `start()` brings the same cluster back on the same port)."""
