@@ -30,7 +30,7 @@ def record(topic: str, ts_ms: int | None, offset: int = 0) -> RawRecord:
     )
 
 
-def liveness(clock: Clock) -> tuple[SourceLiveness, CollectorRegistry]:
+def liveness(clock: Clock, *, heartbeats: bool = True) -> tuple[SourceLiveness, CollectorRegistry]:
     registry = CollectorRegistry()
     watch = SourceLiveness(
         IngestMetrics(registry),
@@ -38,6 +38,7 @@ def liveness(clock: Clock) -> tuple[SourceLiveness, CollectorRegistry]:
         heartbeat_prefix="__debezium-heartbeat",
         sources=("sor",),
         silent_after_s=20.0,
+        heartbeats=heartbeats,
         clock=clock,
     )
     return watch, registry
@@ -73,15 +74,7 @@ def test_heartbeats_and_changes_keep_the_age_low_and_silence_makes_it_grow() -> 
 @pytest.mark.unit
 def test_without_heartbeats_silence_means_nothing_and_no_source_is_watched() -> None:
     clock = Clock(1_000.0)
-    registry = CollectorRegistry()
-    watch = SourceLiveness(
-        IngestMetrics(registry),
-        topic_sources=lambda t: "sor" if t.startswith("sor.") else None,
-        heartbeat_prefix="__debezium-heartbeat",
-        sources=("sor",),
-        heartbeats=False,
-        clock=clock,
-    )
+    watch, registry = liveness(clock, heartbeats=False)
     watch.observe([record("sor.public.entities", 1_000_000)])
     clock.now = 1_100.0
     assert age(registry, "sor") is None
