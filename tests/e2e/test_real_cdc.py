@@ -30,10 +30,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import psycopg
@@ -93,6 +94,9 @@ V2 = EmbeddingSpec(
 )
 
 
+C = TypeVar("C", bound="Cdc")
+
+
 def mappings(schema: str) -> tuple[TableMapping, ...]:
     """The three tables, as the worker and Retrieve map them."""
     return three_tables(schema)
@@ -129,6 +133,8 @@ class Cdc:
     group: str
     stops: list[Callable[[], None]] = field(default_factory=list)
     thread: threading.Thread | None = None
+    settings: IngestSettings = field(init=False)
+    services: Services = field(init=False)
 
     # --- the SoR ----------------------------------------------------------------------------
 
@@ -295,68 +301,154 @@ def wire(
     return worker, Services(app, publisher, metrics, loop, thread, channel)
 
 
-@pytest.fixture(scope="module")
-def cdc(
-    postgres: PostgresCluster, kafka_broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cdc]:
+@dataclass(frozen=True)
+class Captured:
+    """A schema of its own in the shared PostgreSQL cluster, captured by its own Debezium."""
+
+    schema: str
+    prefix: str
+    suffix: str
+    dbz: DebeziumConnect
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.prefix}.dlq"
+
+    @property
+    def group(self) -> str:
+        return f"ingest-{self.suffix}"
+
+
+@contextmanager
+def captured_schema(
+    postgres: PostgresCluster,
+    kafka_broker: TansuBroker,
+    tmp_path_factory: pytest.TempPathFactory,
+    *,
+    name: str,
+    setup: Callable[[psycopg.Connection[Any]], None],
+    tables: Sequence[str],
+    connector: Mapping[str, str] | None = None,
+    before_start: Callable[[Captured], None] | None = None,
+    start_timeout: float = 90.0,
+) -> Iterator[Captured]:
+    """Create schema `<name>_<suffix>` (`setup` runs in it: tables, rows that exist before
+    Debezium starts), start a Debezium connector for its `tables` (topic prefix
+    `<name><suffix>`, 50 ms polls), create the DLQ topic; on exit stop Debezium (its slot is
+    dropped) and drop the schema."""
     suffix = uuid.uuid4().hex[:8]
-    schema, prefix = f"cdc_{suffix}", f"cdc{suffix}"
+    schema, prefix = f"{name}_{suffix}", f"{name}{suffix}"
     with psycopg.connect(postgres.dsn, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"'.encode())
         conn.execute(f'SET search_path TO "{schema}"'.encode())
-        conn.execute((REPO_ROOT / "schemas" / "sql" / "entities.postgres.sql").read_bytes())
-        conn.execute(TABLES_SQL.encode())
-        # rows that exist before Debezium starts: its initial snapshot must bring them
-        conn.execute(
-            "INSERT INTO entities (id, company_id, name, content) VALUES"
-            " ('s-1', 'acme', 'Refund policy', 'Refunds are issued within thirty days.'),"
-            " ('s-2', 'acme', 'VPN', 'The VPN token expires after twelve hours.'),"
-            " ('s-3', 'globex', 'Seals', 'Pump seals are checked every thousand hours.')"
-        )
-        conn.execute(
-            "INSERT INTO order_lines VALUES (1001, 1, 'acme', 'Seal kit K-27', 'Ship by air.'),"
-            " (2002, 1, 'globex', 'Impeller', 'Duplex steel.')"
-        )
-        conn.execute(
-            "INSERT INTO products (sku, vendor, title, specs) VALUES"
-            " ('GX-300', 'globex', 'GX-300 pump', '{\"material\": \"duplex\", \"bar\": 16}')"
-        )
-    tables = [f"{schema}.{t}" for t in ("entities", "order_lines", "products")]
+        setup(conn)
     dbz = DebeziumConnect(
         bootstrap_servers=kafka_broker.bootstrap_servers,
         source=PostgresSource("127.0.0.1", postgres.port, "postgres", "postgres"),
-        tables=tables,
+        tables=[f"{schema}.{t}" for t in tables],
         topic_prefix=prefix,
         name=prefix,
         work_dir=tmp_path_factory.mktemp("connect"),
-        connector={"poll.interval.ms": "50"},
+        connector={"poll.interval.ms": "50", **(connector or {})},
     )
-    dbz.start()
+    captured = Captured(schema, prefix, suffix, dbz)
     try:
-        plan = PlanConfig(tables=mappings(schema), topic_prefix=prefix)
-        wait_for_topics(kafka_broker.bootstrap_servers, plan.catalog.topics())
-        dlq, group = f"{prefix}.dlq", f"ingest-{suffix}"
-        create_topics(kafka_broker.bootstrap_servers, dlq, partitions=1)
-        data_dir = tmp_path_factory.mktemp("store")
-        sor = SorSettings(kind="postgres", dsn=SecretStr(postgres.dsn))
-        settings = IngestSettings(
-            kafka=KafkaSettings(bootstrap_servers=kafka_broker.bootstrap_servers),
-            consumer=fast_consumer(dlq, group),
-            store=StoreSettings(data_dir=data_dir),
-            sor=sor,
-            plan=plan,
-            embedding_cache=None,
+        if before_start is not None:
+            before_start(captured)
+        dbz.start(timeout=start_timeout)
+        create_topics(kafka_broker.bootstrap_servers, captured.dlq, partitions=1)
+        yield captured
+    finally:
+        dbz.stop()
+        with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE'.encode())
+
+
+def ingest_settings(
+    kafka_broker: TansuBroker,
+    postgres: PostgresCluster,
+    captured: Captured,
+    plan: PlanConfig,
+    data_dir: Path,
+    **extra: Any,
+) -> IngestSettings:
+    """The worker's settings for a captured schema: its DLQ and group, qdrant-edge in
+    `data_dir`, the SoR, fast consumer timings; `extra` adds or overrides sections."""
+    return IngestSettings(
+        kafka=KafkaSettings(bootstrap_servers=kafka_broker.bootstrap_servers),
+        consumer=fast_consumer(captured.dlq, captured.group),
+        store=StoreSettings(data_dir=data_dir),
+        sor=SorSettings(kind="postgres", dsn=SecretStr(postgres.dsn)),
+        plan=plan,
+        embedding_cache=None,
+        **extra,
+    )
+
+
+SEED_TABLES = ("entities", "order_lines", "products")
+
+
+def seed_tables(rows_sql: str = "") -> Callable[[psycopg.Connection[Any]], None]:
+    """`setup` for the three tables, then `rows_sql` (rows that exist before Debezium)."""
+
+    def setup(conn: psycopg.Connection[Any]) -> None:
+        conn.execute((REPO_ROOT / "schemas" / "sql" / "entities.postgres.sql").read_bytes())
+        conn.execute(TABLES_SQL.encode())
+        if rows_sql:
+            conn.execute(rows_sql.encode())
+
+    return setup
+
+
+def start_cdc(
+    kind: type[C],
+    postgres: PostgresCluster,
+    kafka_broker: TansuBroker,
+    tmp_path_factory: pytest.TempPathFactory,
+    *,
+    name: str,
+    rows_sql: str,
+    connector: Mapping[str, str] | None = None,
+    topics_first: bool = False,
+    start_timeout: float = 90.0,
+    **extra: Any,
+) -> Iterator[C]:
+    """The three tables captured by Debezium, the worker (running) and Retrieve: a `kind`
+    stack for a test module's fixture; `topics_first` creates the tables' topics before
+    Debezium starts (tables that start empty); `extra` goes to the worker's settings."""
+
+    def create_table_topics(captured: Captured) -> None:
+        topics = PlanConfig(tables=mappings(captured.schema), topic_prefix=captured.prefix)
+        create_topics(kafka_broker.bootstrap_servers, *topics.catalog.topics(), partitions=1)
+
+    with captured_schema(
+        postgres,
+        kafka_broker,
+        tmp_path_factory,
+        name=name,
+        setup=seed_tables(rows_sql),
+        tables=SEED_TABLES,
+        connector=connector,
+        before_start=create_table_topics if topics_first else None,
+        start_timeout=start_timeout,
+    ) as captured:
+        plan = PlanConfig(tables=mappings(captured.schema), topic_prefix=captured.prefix)
+        heartbeat = captured.dbz.heartbeat_topic()
+        wait_for_topics(
+            kafka_broker.bootstrap_servers, [*plan.catalog.topics(), *filter(None, [heartbeat])]
         )
+        data_dir = tmp_path_factory.mktemp("store")
+        settings = ingest_settings(kafka_broker, postgres, captured, plan, data_dir, **extra)
         store = build_store(settings.store, payload_schema(plan))
         embedder, next_embedder = HashEmbedder(), HashEmbedder(V2)
         worker, services = wire(settings, store, embedder, next_embedder)
-        stack = Cdc(
+        stack = kind(
             postgres,
             kafka_broker,
-            schema,
-            prefix,
+            captured.schema,
+            captured.prefix,
             data_dir,
-            dbz,
+            captured.dbz,
             plan,
             store,
             embedder,
@@ -365,19 +457,40 @@ def cdc(
             services.app,
             services.publisher,
             pb_grpc.RetrievalServiceStub(services.channel),
-            dlq,
-            group,
+            captured.dlq,
+            captured.group,
         )
+        stack.settings, stack.services = settings, services
         stack.start_worker()
         yield stack
         stack.stop_worker()
-        services.stop()
-        worker.close()
+        stack.services.stop()
+        stack.worker.close()
         store.close()
-    finally:
-        dbz.stop()
-        with psycopg.connect(postgres.dsn, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE'.encode())
+
+
+@pytest.fixture(scope="module")
+def cdc(
+    postgres: PostgresCluster, kafka_broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cdc]:
+    # rows that exist before Debezium starts: its initial snapshot must bring them
+    yield from start_cdc(
+        Cdc,
+        postgres,
+        kafka_broker,
+        tmp_path_factory,
+        name="cdc",
+        rows_sql=(
+            "INSERT INTO entities (id, company_id, name, content) VALUES"
+            " ('s-1', 'acme', 'Refund policy', 'Refunds are issued within thirty days.'),"
+            " ('s-2', 'acme', 'VPN', 'The VPN token expires after twelve hours.'),"
+            " ('s-3', 'globex', 'Seals', 'Pump seals are checked every thousand hours.');"
+            "INSERT INTO order_lines VALUES (1001, 1, 'acme', 'Seal kit K-27', 'Ship by air.'),"
+            " (2002, 1, 'globex', 'Impeller', 'Duplex steel.');"
+            "INSERT INTO products (sku, vendor, title, specs) VALUES"
+            " ('GX-300', 'globex', 'GX-300 pump', '{\"material\": \"duplex\", \"bar\": 16}')"
+        ),
+    )
 
 
 # --- the scenarios (in file order; each leaves the index equal to the SoR) --------------------

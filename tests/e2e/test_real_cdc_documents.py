@@ -10,7 +10,6 @@ import asyncio
 import hashlib
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,19 +17,15 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
-from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
-from pydantic import SecretStr
 
-from ragcore.kafka_config import KafkaSettings
 from ragcore.mapping import TableMapping
 from ragcore.plan import PlanConfig
-from ragcore.settings import SorSettings, StoreSettings
+from ragcore.settings import StoreSettings
 from ragcore.store.base import StoreFilter, VectorStore
 from ragcore.wiring import build_store, payload_schema
 from ragdev.docgen import docx_bytes, encrypted_pdf_bytes, pdf_bytes
 from ragdev.sample_documents import DOCUMENTS_TABLE
-from ragdev.services.debezium import DebeziumConnect, PostgresSource
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
 from retrieval_api.app import build_app
@@ -38,8 +33,8 @@ from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from streams.app import IngestWorker, build_worker
-from streams.settings import IngestSettings
-from tests.streams.support import HashEmbedder, create_topics, fast_consumer, read_all
+from tests.e2e.test_real_cdc import captured_schema, ingest_settings, wait_for_topics
+from tests.streams.support import HashEmbedder, read_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -113,11 +108,7 @@ def eventually(check: Callable[[], bool], what: str, timeout: float = 90.0) -> N
 def stack(
     postgres: PostgresCluster, kafka_broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    suffix = uuid.uuid4().hex[:8]
-    schema, prefix = f"docs_{suffix}", f"docs{suffix}"
-    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"'.encode())
-        conn.execute(f'SET search_path TO "{schema}"'.encode())
+    def setup(conn: psycopg.Connection[Any]) -> None:
         conn.execute(
             b"CREATE TABLE documents (id int PRIMARY KEY, company_id text NOT NULL, title text,"
             b" file_name text, mime_type text, body bytea NOT NULL,"
@@ -131,35 +122,16 @@ def stack(
             b" 'application/pdf', %s)",
             (DATASHEET,),
         )
-    dbz = DebeziumConnect(
-        bootstrap_servers=kafka_broker.bootstrap_servers,
-        source=PostgresSource("127.0.0.1", postgres.port, "postgres", "postgres"),
-        tables=[f"{schema}.documents"],
-        topic_prefix=prefix,
-        name=prefix,
-        work_dir=tmp_path_factory.mktemp("connect"),
-        connector={"poll.interval.ms": "50"},
-    )
-    dbz.start()
-    try:
-        plan = PlanConfig(tables=(documents_table(schema),), topic_prefix=prefix)
-        admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
-        eventually(
-            lambda: set(plan.catalog.topics()) <= set(admin.list_topics(timeout=5).topics),
-            "Debezium created the documents topic",
-        )
-        dlq, group = f"{prefix}.dlq", f"ingest-{suffix}"
-        create_topics(kafka_broker.bootstrap_servers, dlq, partitions=1)
+
+    with captured_schema(
+        postgres, kafka_broker, tmp_path_factory, name="docs", setup=setup, tables=["documents"]
+    ) as captured:
+        schema = captured.schema
+        plan = PlanConfig(tables=(documents_table(schema),), topic_prefix=captured.prefix)
+        wait_for_topics(kafka_broker.bootstrap_servers, plan.catalog.topics())
         data_dir = tmp_path_factory.mktemp("store")
-        sor = SorSettings(kind="postgres", dsn=SecretStr(postgres.dsn))
-        settings = IngestSettings(
-            kafka=KafkaSettings(bootstrap_servers=kafka_broker.bootstrap_servers),
-            consumer=fast_consumer(dlq, group),
-            store=StoreSettings(data_dir=data_dir),
-            sor=sor,
-            plan=plan,
-            embedding_cache=None,
-        )
+        settings = ingest_settings(kafka_broker, postgres, captured, plan, data_dir)
+        sor = settings.sor
         store = build_store(settings.store, payload_schema(plan))
         embedder = HashEmbedder()
         worker = build_worker(settings, CollectorRegistry(), store=store, embedder=embedder)
@@ -194,7 +166,7 @@ def stack(
                 embedder,
                 pb_grpc.RetrievalServiceStub(channel),
                 kafka_broker,
-                dlq,
+                captured.dlq,
             )
         finally:
             worker.stop.set()
@@ -206,10 +178,6 @@ def stack(
             app.close()
             worker.close()
             store.close()
-    finally:
-        dbz.stop()
-        with psycopg.connect(postgres.dsn, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE'.encode())
 
 
 def test_a_snapshotted_pdf_is_indexed_page_by_page_and_retrieve_cites_the_page(

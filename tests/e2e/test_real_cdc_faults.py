@@ -15,22 +15,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
-from pydantic import SecretStr
 
 from ragcore.kafka_config import KafkaSettings
 from ragcore.mapping import TableMapping
 from ragcore.plan import PlanConfig
-from ragcore.settings import SorSettings, StoreSettings
-from ragcore.wiring import build_store, payload_schema
-from ragdev.services.debezium import DebeziumConnect, PostgresSource
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
 from ragstream.dlq import ReplayReport, commit_after, read_dlq, replay_records
@@ -39,20 +34,14 @@ from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from streams.decode import decode_record
 from streams.liveness import LivenessSettings
 from streams.reconcile import reconcile
-from streams.settings import IngestSettings
-from tests.conftest import REPO_ROOT
 from tests.e2e.test_real_cdc import (
-    TABLES_SQL,
     TENANTS,
-    V2,
     Cdc,
-    Services,
     eventually,
-    mappings,
-    wait_for_topics,
+    start_cdc,
     wire,
 )
-from tests.streams.support import HashEmbedder, create_topics, fast_consumer, read_all
+from tests.streams.support import create_topics, read_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -133,89 +122,28 @@ class FaultCdc(Cdc):
         self.client = pb_grpc.RetrievalServiceStub(self.services.channel)
         self.start_worker()
 
-    settings: IngestSettings = field(init=False)
-    services: Services = field(init=False)
-
 
 @pytest.fixture(scope="module")
 def cdc(
     postgres: PostgresCluster, kafka_broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[FaultCdc]:
-    suffix = uuid.uuid4().hex[:8]
-    schema, prefix = f"flt_{suffix}", f"flt{suffix}"
-    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"'.encode())
-        conn.execute(f'SET search_path TO "{schema}"'.encode())
-        conn.execute((REPO_ROOT / "schemas" / "sql" / "entities.postgres.sql").read_bytes())
-        conn.execute(TABLES_SQL.encode())
-        conn.execute(
+    # order_lines and products start empty: their topics exist before their first change
+    yield from start_cdc(
+        FaultCdc,
+        postgres,
+        kafka_broker,
+        tmp_path_factory,
+        name="flt",
+        rows_sql=(
             "INSERT INTO entities (id, company_id, name, content) VALUES"
             " ('s-1', 'acme', 'Refund policy', 'Refunds are issued within thirty days.'),"
             " ('s-2', 'globex', 'Seals', 'Pump seals are checked every thousand hours.')"
-        )
-    tables = [f"{schema}.{t}" for t in ("entities", "order_lines", "products")]
-    dbz = DebeziumConnect(
-        bootstrap_servers=kafka_broker.bootstrap_servers,
-        source=PostgresSource("127.0.0.1", postgres.port, "postgres", "postgres"),
-        tables=tables,
-        topic_prefix=prefix,
-        name=prefix,
-        work_dir=tmp_path_factory.mktemp("connect"),
-        connector={"poll.interval.ms": "50", "heartbeat.interval.ms": "1000"},
+        ),
+        connector={"heartbeat.interval.ms": "1000"},
+        topics_first=True,
+        start_timeout=240,  # a loaded CI machine starts the JVM slowly
+        liveness=LivenessSettings(silent_after_s=3.0, check_interval_s=0.5),
     )
-    plan = PlanConfig(tables=mappings(schema), topic_prefix=prefix)
-    # order_lines and products start empty: their topics exist before their first change
-    create_topics(kafka_broker.bootstrap_servers, *plan.catalog.topics(), partitions=1)
-    dbz.start(timeout=240)  # a loaded CI machine starts the JVM slowly
-    try:
-        wait_for_topics(
-            kafka_broker.bootstrap_servers, [*plan.catalog.topics(), f"{HEARTBEAT_HB}.{prefix}"]
-        )
-        dlq, group = f"{prefix}.dlq", f"ingest-{suffix}"
-        create_topics(kafka_broker.bootstrap_servers, dlq, partitions=1)
-        data_dir = tmp_path_factory.mktemp("store")
-        sor = SorSettings(kind="postgres", dsn=SecretStr(postgres.dsn))
-        settings = IngestSettings(
-            kafka=KafkaSettings(bootstrap_servers=kafka_broker.bootstrap_servers),
-            consumer=fast_consumer(dlq, group),
-            store=StoreSettings(data_dir=data_dir),
-            sor=sor,
-            plan=plan,
-            embedding_cache=None,
-            liveness=LivenessSettings(silent_after_s=3.0, check_interval_s=0.5),
-        )
-        store = build_store(settings.store, payload_schema(plan))
-        embedder, next_embedder = HashEmbedder(), HashEmbedder(V2)
-        worker, services = wire(settings, store, embedder, next_embedder)
-        stack = FaultCdc(
-            postgres,
-            kafka_broker,
-            schema,
-            prefix,
-            data_dir,
-            dbz,
-            plan,
-            store,
-            embedder,
-            next_embedder,
-            worker,
-            services.app,
-            services.publisher,
-            pb_grpc.RetrievalServiceStub(services.channel),
-            dlq,
-            group,
-        )
-        stack.settings, stack.services = settings, services
-        stack.start_worker()
-        yield stack
-        stack.stop_worker()
-        stack.services.stop()
-        stack.worker.close()
-        store.close()
-    finally:
-        dbz.stop()
-        with psycopg.connect(postgres.dsn, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE'.encode())
 
 
 def top(cdc: Cdc, tenant: str, query: str) -> pb.Result:
