@@ -32,7 +32,7 @@ from ragcore.tracing import Tracing
 from ragcore.wiring import Closable, build_core, new_tenant_placement, payload_schema
 from schemas.events import ChangeEvent, RawRecord
 from streams.adapters import RegistryTargets, SorRows
-from streams.consumer import ConsumerLoop, install_signal_handlers
+from streams.consumer import ConsumerLoop, OffsetGap, install_signal_handlers
 from streams.decode import decode_record
 from streams.ingest import IngestHandler
 from streams.liveness import ObservedHandler, SlotWatch, SourceLiveness, heartbeat_pattern
@@ -253,6 +253,12 @@ def consumed_topics(topics: Sequence[str], settings: IngestSettings) -> tuple[st
     return tuple(topics)
 
 
+def changes_lost(gaps: Sequence[OffsetGap], heartbeat_prefix: str) -> bool:
+    """Whether offset gaps may have lost changes: a gap in a connector's heartbeat topic alone
+    loses none (it is counted and logged, but reconciling every tenant would repair nothing)."""
+    return any(not gap.topic.startswith(f"{heartbeat_prefix}.") for gap in gaps)
+
+
 def build_worker(
     settings: IngestSettings,
     registry: CollectorRegistry,
@@ -346,7 +352,11 @@ def build_worker(
         ObservedHandler(handler, liveness),
         metrics,
         tracing=own_tracing,
-        on_offset_gaps=lambda _gaps: offset_gaps.set(),
+        on_offset_gaps=lambda gaps: (
+            offset_gaps.set()
+            if changes_lost(gaps, settings.decode.heartbeat_topic_prefix)
+            else None
+        ),
     )
     return IngestWorker(
         settings=settings,

@@ -37,7 +37,7 @@ from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.events import Op
-from streams.app import IngestWorker, build_worker
+from streams.app import IngestWorker, build_worker, changes_lost
 from streams.consumer import offset_gap
 from streams.liveness import LivenessSettings
 from streams.reconcile import reconcile
@@ -67,6 +67,15 @@ def test_a_committed_offset_below_the_low_watermark_names_the_expired_offsets() 
     assert gap.describe() == (
         "sor.public.entities[2]: committed offset 40 < low watermark 100, offsets 40..99 (60) lost"
     )
+
+
+@pytest.mark.unit
+def test_only_gaps_outside_the_heartbeat_topics_may_have_lost_changes() -> None:
+    heartbeat = offset_gap("__debezium-heartbeat.sor", 0, offset=5, low=90, high=100)
+    changes = offset_gap("sor.public.entities", 0, offset=5, low=90, high=100)
+    assert heartbeat is not None and changes is not None
+    assert not changes_lost([heartbeat], "__debezium-heartbeat")
+    assert changes_lost([heartbeat, changes], "__debezium-heartbeat")
 
 
 @pytest.mark.unit
