@@ -610,6 +610,7 @@ def run(
     step_seconds: float = 20.0,
     sample_rate: float = 2.0,
     probe_rate: float = 10.0,
+    catch_up_wait_ms: int | None = None,
 ) -> dict[str, Any]:
     """The phases; the report as a JSON-ready dict. `capacity`: instead of `changes` at
     `rate`, one step of `step_seconds` at each fraction of the snapshot's end-to-end rows/s."""
@@ -643,6 +644,10 @@ def run(
         stack.callback(store.close)
         sor = SorSettings(kind="postgres", dsn=SecretStr(pg.dsn))
         consumer = ConsumerConfig(dlq_topic="bench.dlq", group_id="bench-ingest")
+        if catch_up_wait_ms is not None:
+            consumer = ConsumerConfig(
+                **{**consumer.model_dump(), "catch_up_wait_ms": catch_up_wait_ms}
+            )
         worker = build_worker(
             IngestSettings(
                 kafka=KafkaSettings(bootstrap_servers=broker.bootstrap_servers),
@@ -802,6 +807,8 @@ def run(
                 "fetch.wait.max.ms": consumer.fetch_wait_max_ms,
                 "max_batch_records": consumer.max_batch_records,
                 "poll_timeout_s": consumer.poll_timeout_s,
+                "catch_up_wait_ms": consumer.catch_up_wait_ms,
+                "behind_ms": consumer.behind_ms,
             },
             "embedder": embedder.spec.model_version,
             "store": "qdrant-edge",
@@ -843,6 +850,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument(
         "--probe-rate", type=float, default=10.0, help="at most this many Retrieve calls/s"
     )
+    parser.add_argument(
+        "--catch-up-wait-ms",
+        type=int,
+        default=None,
+        help="the worker's RAGSTREAM_CONSUMER__CATCH_UP_WAIT_MS (default: as shipped)",
+    )
     args = parser.parse_args(argv)
     report = run(
         changes=args.changes,
@@ -855,6 +868,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         step_seconds=args.step_seconds,
         sample_rate=args.sample_rate,
         probe_rate=args.probe_rate,
+        catch_up_wait_ms=args.catch_up_wait_ms,
     )
     return emit(report)
 
