@@ -209,6 +209,7 @@ class Prober:
         self.searchable: dict[str, float] = {}
         self.last_miss: dict[str, float] = {}
         self.calls = 0
+        self._added = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -217,6 +218,7 @@ class Prober:
         """Probe `key` (committed just now) until Retrieve returns it."""
         with self._lock:
             self._pending.append(key)
+            self._added += 1
 
     def _probe(self, key: str) -> bool:
         request = pb.RetrieveRequest(
@@ -261,7 +263,7 @@ class Prober:
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
-                left = len(self._pending)
+                left = self._added - len(self.searchable)  # pending or being probed
             if not left:
                 return
             if time.monotonic() > deadline:
@@ -274,6 +276,7 @@ class Prober:
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
+_BENCH = "bench process (worker + Retrieve + prober)"
 
 
 def _proc_cpu(pid: int | None, *, children: bool = False) -> float:
@@ -304,7 +307,7 @@ def _proc_cpu(pid: int | None, *, children: bool = False) -> float:
 def _cpu_now(pids: Mapping[str, int | None]) -> dict[str, float]:
     """CPU seconds so far of this process (worker, Retrieve, bench) and of each service."""
     times = os.times()
-    out = {"bench process (worker + Retrieve + prober)": times.user + times.system}
+    out = {_BENCH: times.user + times.system}
     for name, pid in pids.items():
         out[name] = _proc_cpu(pid, children=name == "postgres")
     return out
@@ -362,6 +365,11 @@ LEGEND = {
     "plan; write = store upserts/deletes; commit = the offset commit after the ack); handle "
     "minus the stages is the untimed rest (decide: indexed-state reads)",
     "cores_used": "CPU seconds per second of each process during the step",
+    "cpu_ms_per_change": "cores_used / rate: CPU per change of each process",
+    "cpu_bound_rate_vs_snapshot": "the snapshot's CPU per row in the bench process over the "
+    "step's CPU per change there: the fraction of the snapshot's rows/s the step's CPU cost "
+    "allows on the same CPU share (the rate the worker could sustain if CPU-bound; unlike the "
+    "wall-clock rates, the other processes on the machine hardly move it)",
 }
 
 
@@ -524,6 +532,7 @@ def _steady(
         "embed_ms_per_row": round(stage_ms["embed"] * batches / changes, 2),
         "slowest_batches_s_records": [[round(t, 3), r] for t, r in spans],
         "cores_used": cpu,
+        "cpu_ms_per_change": {k: round(1000 * v / rate, 2) for k, v in cpu.items()},
     }
 
 
@@ -695,6 +704,7 @@ def run(
 
         # (a) snapshot
         spawned = time.monotonic()
+        cpu_spawned = _cpu_now({})
         dbz.start(timeout=120)
         stack.callback(dbz.stop)
         running = time.monotonic() - spawned
@@ -704,6 +714,7 @@ def run(
                 raise ConfigError("the snapshot did not finish within an hour")
             time.sleep(0.2)
         snapshot_s = time.monotonic() - spawned
+        snapshot_cpu_ms = 1000 * (_cpu_now({})[_BENCH] - cpu_spawned[_BENCH]) / snapshot_rows
         arrivals = [side.seen[f"snap-{n:06d}"][0] for n in range(snapshot_rows)]
         kafka_span = max(arrivals) - min(arrivals)
         sample = texts[: min(len(texts), 2000)]
@@ -752,7 +763,14 @@ def run(
                 label=f"fresh{n}",
                 rng=rng,
             )
-            steps.append({"fraction_of_snapshot_rate": round(fraction, 3), **step})
+            cpu_ms = step["cpu_ms_per_change"][_BENCH]
+            steps.append(
+                {
+                    "fraction_of_snapshot_rate": round(fraction, 3),
+                    **step,
+                    "cpu_bound_rate_vs_snapshot": round(snapshot_cpu_ms / max(cpu_ms, 1e-6), 3),
+                }
+            )
         bulk = (
             _bulk_phase(pg.dsn, worker, prober, rows=bulk_rows, probe_rate=bulk_probe_rate, rng=rng)
             if bulk_rows
@@ -772,6 +790,7 @@ def run(
                 "embedder_alone_rows_per_s": round(embed_only, 1),
                 "end_to_end_vs_embedder_alone": round(snapshot_rate / embed_only, 3),
                 "worker_stage_means": snapshot_stages,
+                "bench_process_cpu_ms_per_row": round(snapshot_cpu_ms, 2),
             },
             "freshness": steps,
         },
