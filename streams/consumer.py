@@ -99,7 +99,9 @@ class ConsumerConfig(BaseModel):
             "While the worker is behind (the oldest record just fetched is older than "
             "behind_ms), keep fetching for up to this long, or until max_batch_records, before "
             "handling the batch: fewer, larger batches while catching up. 0: handle what is "
-            "fetched at once. A record that is not behind is never held."
+            "fetched at once. A record that is not behind is never held. Only for an embedder "
+            "whose call costs far more than its records (a remote API): with the local model "
+            "the wait is idle time (docs/decisions/kafka-client-and-consumer-loop.md)."
         ),
     )
     behind_ms: int = Field(
