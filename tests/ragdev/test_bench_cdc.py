@@ -58,6 +58,8 @@ def test_bench_cdc_prints_one_json_report_of_freshness_and_snapshot() -> None:
     per_batch = freshness["handle_ms_per_batch"]
     assert per_batch["handle"] >= per_batch["embed"] > 0
     assert freshness["cores_used"]["debezium (Kafka Connect JVM)"] > 0
+    assert snapshot["bench_process_cpu_ms_per_row"] > 0
+    assert freshness["cpu_bound_rate_vs_snapshot"] > 0
     assert report["configuration"]["debezium"]["poll.interval.ms"] == 100  # the shipped value
     goal = report["goals"]["freshness_p95_s"]
     assert goal["measured"] == [acked["p95"], searchable["p95"]]
