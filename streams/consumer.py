@@ -8,8 +8,11 @@ Invariants (docs/decisions/kafka-client-and-consumer-loop.md):
   unreachable) commits nothing:
   the batch's partitions are rewound to the batch start and all partitions are paused for a
   backoff (honouring retry-after), then resumed. Re-processing is safe: writes are idempotent;
-- revocation can only happen inside `consume()`, between batches, when nothing is in flight and
-  everything handled was committed; so revoking needs no extra commit;
+- revocation can only happen inside `poll()`/`consume()`, while a batch is being fetched, when
+  nothing is being handled and everything handled was committed; so revoking needs no extra
+  commit, and the fetched records of a partition that went to another member are dropped
+  (its new owner starts at the committed offset);
+- while behind (`catch_up_wait_ms`) a batch is fetched for longer, never a record that is not;
 - no offset ever jumps silently (`auto.offset.reset=error`): a partition the group never read
   starts at its first offset by an explicit assignment, and a committed offset or a fetch
   position that fell out of the log (retention overtook the worker) is logged, counted in
@@ -102,6 +105,27 @@ class ConsumerConfig(BaseModel):
     reindex_topic: str | None = None
     max_batch_records: int = Field(default=500, gt=0)
     poll_timeout_s: float = Field(default=0.5, gt=0)
+    catch_up_wait_ms: int = Field(
+        default=0,
+        ge=0,
+        le=5_000,
+        description=(
+            "While the worker is behind (the oldest record just fetched is older than "
+            "behind_ms), keep fetching for up to this long, or until max_batch_records, before "
+            "handling the batch: fewer, larger batches while catching up. 0: handle what is "
+            "fetched at once. A record that is not behind is never held. Only for an embedder "
+            "whose call costs far more than its records (a remote API): with the local model "
+            "the wait is idle time (docs/decisions/kafka-client-and-consumer-loop.md)."
+        ),
+    )
+    behind_ms: int = Field(
+        default=500,
+        ge=0,
+        description=(
+            "Age (now - its broker timestamp) of the oldest fetched record above which the "
+            "worker counts as behind (catch_up_wait_ms)."
+        ),
+    )
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 3_000
     max_poll_interval_ms: int = 300_000
@@ -236,6 +260,30 @@ def to_raw(msg: Message) -> RawRecord:
     )
 
 
+def after_rebalance(
+    msgs: Sequence[Message], revoked: set[tuple[str, int]], assigned: set[tuple[str, int]]
+) -> list[Message]:
+    """The messages of a fetch during which `revoked` partitions were revoked, in order: none
+    of a partition now owned by another member (not handled, not committed: its new owner
+    starts at the group's committed offset), and of a partition assigned back only those
+    fetched since it restarted at the committed offset (an offset going back marks the
+    restart; the records before it are fetched again, so per-partition order holds)."""
+    start: dict[tuple[str, int], int] = {}
+    last: dict[tuple[str, int], int] = {}
+    for i, msg in enumerate(msgs):
+        tp, offset = (msg.topic(), msg.partition()), msg.offset()
+        if msg.error() is None and tp in revoked and offset is not None:
+            if tp in last and offset <= last[tp]:
+                start[tp] = i
+            last[tp] = offset
+    return [
+        m
+        for i, m in enumerate(msgs)
+        if (tp := (m.topic(), m.partition())) not in revoked
+        or (tp in assigned and i >= start.get(tp, 0))
+    ]
+
+
 def dlq_headers(letter: DeadLetter, truncated: bool) -> list[tuple[str, str | bytes | None]]:
     """Headers of a DLQ record: where it came from and why it is there."""
     rec = letter.record
@@ -283,6 +331,8 @@ class ConsumerLoop:
         self._paused_until: float | None = None
         self._backoff = config.backoff_initial_s
         self._assigned: set[tuple[str, int]] = set()
+        #: partitions revoked while a batch is being fetched (its records of them are dropped)
+        self._revoked: set[tuple[str, int]] = set()
         # lag bookkeeping: the group's committed offset and the last high watermark per partition
         self._committed: dict[tuple[str, int], int] = {}
         self._high: dict[tuple[str, int], int] = {}
@@ -472,6 +522,7 @@ class ConsumerLoop:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Nothing is in flight here (see module docstring): all handled work is committed.
         revoked = [(p.topic, p.partition) for p in partitions]
+        self._revoked.update(revoked)
         self._assigned.difference_update(revoked)
         for tp in revoked:
             self._committed.pop(tp, None)
@@ -501,12 +552,7 @@ class ConsumerLoop:
             self._resume_all()
         if time.monotonic() >= self._lag_due:
             self.refresh_lag()
-        # Wait for the first record only, then take what is already fetched: a lone event is
-        # handled at once (freshness), while under load the local queue still fills batches.
-        first = consumer.poll(self._config.poll_timeout_s)
-        msgs = [] if first is None else [first]
-        if first is not None and self._config.max_batch_records > 1:
-            msgs += consumer.consume(self._config.max_batch_records - 1, 0)
+        msgs = self._fetch(consumer)
         records: list[RawRecord] = []
         for msg in msgs:
             err = msg.error()
@@ -620,6 +666,34 @@ class ConsumerLoop:
         if self._paused_until is not None:
             consumer.pause([TopicPartition(tp.topic, tp.partition) for tp in restarted])
         log.info("restarted %s", sorted(starts.items()))
+
+    def _fetch(self, consumer: Consumer) -> list[Message]:
+        """The next batch's messages. Waits for the first record only, then takes what is
+        already fetched: a lone event is handled at once (freshness), while under load the
+        local queue fills batches. While behind, keeps fetching up to `catch_up_wait_ms`.
+        A rebalance meanwhile is settled by `after_rebalance`."""
+        self._revoked.clear()
+        limit = self._config.max_batch_records
+        first = consumer.poll(self._config.poll_timeout_s)
+        if first is None:
+            return []
+        msgs = [first]
+        if limit > 1:
+            msgs += consumer.consume(limit - 1, 0)
+        if self._config.catch_up_wait_ms and len(msgs) < limit and self._behind(msgs):
+            deadline = time.monotonic() + self._config.catch_up_wait_ms / 1000
+            while len(msgs) < limit and (left := deadline - time.monotonic()) > 0:
+                msgs += consumer.consume(limit - len(msgs), left)
+            self._metrics.catch_up_batches.inc()
+        return after_rebalance(msgs, self._revoked, self._assigned) if self._revoked else msgs
+
+    def _behind(self, msgs: Sequence[Message]) -> bool:
+        """Whether the oldest record fetched is older than `behind_ms` (broker timestamps)."""
+        stamps = [ts for m in msgs if m.error() is None and (ts := m.timestamp())[0] != 0]
+        if not stamps:
+            return False
+        oldest = min(ms for _, ms in stamps)
+        return time.time() * 1000 - oldest > self._config.behind_ms
 
     def _batch_attributes(self, records: Sequence[RawRecord]) -> dict[str, str | int]:
         """The batch span's attributes (OpenTelemetry messaging conventions)."""

@@ -124,6 +124,11 @@ class IngestMetrics:
             buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500),
             registry=registry,
         )
+        self.catch_up_batches = Counter(
+            "ragstream_ingest_catch_up_batches_total",
+            "Batches fetched for longer because the worker was behind (catch_up_wait_ms).",
+            registry=registry,
+        )
         self.freshness = Histogram(
             "ragstream_ingest_freshness_seconds",
             "SoR commit time (source.ts_ms) to searchable (store write acknowledged).",

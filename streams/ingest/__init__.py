@@ -10,7 +10,7 @@ Each step returns a frozen result carrying its work, dead letters and rejections
 write through `SorWriter.apply_rows`.
 """
 
-from streams.ingest.handler import IngestHandler
+from streams.ingest.handler import BatchApplied, BatchObserver, IngestHandler
 from streams.ingest.ports import (
     Decoder,
     EntityPreparer,
@@ -24,6 +24,8 @@ from streams.ingest.ports import (
 from streams.ingest.work import Rejection, RereadOutcome, SorBatch, SorWritten
 
 __all__ = [
+    "BatchApplied",
+    "BatchObserver",
     "Decoder",
     "EntityPreparer",
     "IndexTargets",

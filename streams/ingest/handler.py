@@ -40,6 +40,24 @@ log = logging.getLogger("streams.ingest")
 
 
 @dataclass(frozen=True, slots=True)
+class BatchApplied:
+    """One handled batch of records, as its observers see it: the handler's clock when the
+    batch reached it (`started`, right after the consumer's poll) and when the store had
+    acknowledged its writes (`acked`, before the offsets are committed), the records it held
+    and the work applied (each with its plan's `source_ts_ms` and its records' broker
+    timestamps). What `ragstream_ingest_freshness_seconds` observes, per entity."""
+
+    started: float
+    acked: float
+    records: int
+    applied: tuple[Work, ...]
+
+
+#: Told about every handled batch of records (benchmarks; must be quick and must not raise).
+BatchObserver = Callable[[BatchApplied], None]
+
+
+@dataclass(frozen=True, slots=True)
 class Applied:
     """What applying one segment of work did: the work applied (written or deleted), what each
     entity read from the SoR became (`outcomes`, by entity id) and what could not be indexed."""
@@ -93,11 +111,17 @@ class IngestHandler:
         # the consumer loop and the scheduled reconciliation share one handler: writes of
         # one handler never interleave
         self._lock = threading.Lock()
+        self._observers: list[BatchObserver] = []
+
+    def observe(self, observer: BatchObserver) -> None:
+        """Call `observer` after each batch of records whose writes were acknowledged."""
+        self._observers.append(observer)
 
     # --- BatchHandler -----------------------------------------------------------------------
 
     def handle(self, records: Sequence[RawRecord]) -> Sequence[DeadLetter]:
         """Apply a batch; return the records that belong in the DLQ."""
+        started = self._clock()
         planned = plan_records(
             records,
             decode=self._decode,
@@ -118,6 +142,10 @@ class IngestHandler:
                 self._stages.metrics.freshness.observe(
                     max(0.0, now - item.plan.source_ts_ms / 1000)
                 )
+        if self._observers:
+            batch = BatchApplied(started, now, len(records), tuple(applied))
+            for observer in self._observers:
+                observer(batch)
         return letters
 
     # --- SorWriter --------------------------------------------------------------------------
