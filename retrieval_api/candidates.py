@@ -102,9 +102,34 @@ class Pool:
         ]
 
 
-def finish(raw: RawPool, calibration: EvidenceCalibration, choice: RankingChoice) -> Pool:
-    """Evidence and ordering score of every candidate of `raw`."""
+def pool_evidence(raw: RawPool, calibration: EvidenceCalibration) -> list[float]:
+    """The evidence score of every candidate of `raw`: the higher of its score among all the
+    candidates and its score among the candidates of each channel that found it.
+
+    Several features are relative to the pool (rank by BM25, gap to the best BM25 or cosine),
+    so an answer only the dense branch found scored lower in the hybrid pool than in a
+    dense-only pool, where the lexical channel's best match is not beside it: the hybrid
+    default abstained on questions its own dense-only configuration answered (issue 26 item 5;
+    docs/decisions/fusion-weights-from-held-out-evidence.md). Taking the higher score means a
+    hybrid search never has less evidence for a candidate than the search of the channel that
+    found it; the calibration chooses its threshold with this same score.
+    """
     evidence = calibration.evidence(raw.query, raw.signals)
+    for found in (
+        [i for i, h in enumerate(raw.hits) if h.dense_rank is not None],
+        [i for i, h in enumerate(raw.hits) if h.sparse_rank is not None],
+    ):
+        if not found or len(found) == len(raw.hits):
+            continue  # that channel's pool is the whole pool (or it found nothing)
+        alone = calibration.evidence(raw.query, [raw.signals[i] for i in found])
+        for i, p in zip(found, alone, strict=True):
+            evidence[i] = max(evidence[i], p)
+    return evidence
+
+
+def finish(raw: RawPool, calibration: EvidenceCalibration, choice: RankingChoice) -> Pool:
+    """Evidence (`pool_evidence`) and ordering score of every candidate of `raw`."""
+    evidence = pool_evidence(raw, calibration)
     order = choice.scores(
         [s.cosine for s in raw.signals], [s.lexical.score for s in raw.signals], evidence
     )
@@ -215,12 +240,19 @@ class CandidateSearch:
         return LexiconStats.build(texts, self.encoder)
 
     def choice(self, calibration: EvidenceCalibration) -> RankingChoice:
-        """The result order the configuration asks for (`order`)."""
+        """The result order the configuration asks for (`order`): `calibrated` is the order
+        the index's own calibration chose, or the configured fusion for an index scored by
+        the prior (whose order was chosen on another corpus)."""
         c = self.config
         if c.order == "calibrated":
-            return calibration.ranking
+            return calibration.ranking if calibration.source == "fitted" else self.fused_choice()
         if c.order in ("evidence", "final"):
             return RankingChoice(order="evidence")
+        return self.fused_choice()
+
+    def fused_choice(self) -> RankingChoice:
+        """The configured fusion (`fusion_method`, `dense_weight`, `sparse_weight`, `rrf_k`)."""
+        c = self.config
         return RankingChoice(
             order="fused",
             method=c.fusion_method,

@@ -95,13 +95,17 @@ class RetrievalConfig(BaseModel):
     dedup_per_entity: bool = Field(
         default=True, description="Keep only the best chunk of each entity."
     )
+    # calibrated: the configured fusion unless the index's calibration queries show another
+    # order better (docs/decisions/fusion-weights-from-held-out-evidence.md)
     order: Order = Field(
-        default="fused",
+        default="calibrated",
         description=(
             "Result order: `fused` = `fusion_method` with these weights over the cosine and "
-            "exact BM25 of every candidate; `calibrated` = the order the index's calibration "
-            "chose with its self-supervised queries; `evidence` (or `final`) = the evidence "
-            "score. Thresholds and confidence always use the evidence score."
+            "exact BM25 of every candidate; `calibrated` = that fusion unless the index's "
+            "calibration found another order better on its self-supervised queries (paired "
+            "bootstrap p < 0.05; an uncalibrated index uses the fusion); `evidence` "
+            "(or `final`) = the evidence score. Thresholds and confidence always use the "
+            "evidence score."
         ),
     )
     identifier_priority: bool = Field(

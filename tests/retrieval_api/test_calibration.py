@@ -26,10 +26,13 @@ from retrieval_api.calibration import CalibrationSettings, calibrate_version, fi
 from retrieval_api.candidates import CandidateSearch
 from retrieval_api.evidence_score import EvidenceCalibration
 from retrieval_api.pipeline_settings import RetrievalConfig
+from retrieval_api.selfsupervised import NEGATIVE_MIX
 from streams.app import build_worker
 from streams.settings import IngestSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+NEGATIVE_KINDS = frozenset(NEGATIVE_MIX)
 
 TOPICS = [
     ("refund", "Annual subscriptions are refunded pro rata within thirty days of renewal."),
@@ -98,7 +101,12 @@ def test_calibration_is_fitted_from_the_index_stored_with_it_and_reproducible(
     search = CandidateSearch(
         config=RetrievalConfig(), encoder=Bm25Encoder(), store=store, registry=registry
     )
-    assert search.calibration(resolved).source == "prior"  # never calibrated yet
+    prior = search.calibration(resolved)
+    assert prior.source == "prior"  # never calibrated yet
+    # the default order is the calibrated one; the prior's order was chosen on another corpus
+    assert search.config.order == "calibrated"
+    assert search.choice(prior) == search.fused_choice()
+    assert search.fused_choice().label == "convex(dense 0.5, lexical 0.5)"
     settings = CalibrationSettings(positives=40, negatives=40, seed=5)
     first = fit_calibration(search, resolved, embedder, store, settings=settings)
     again = fit_calibration(search, resolved, embedder, store, settings=settings)
@@ -108,7 +116,18 @@ def test_calibration_is_fitted_from_the_index_stored_with_it_and_reproducible(
     assert report["queries"]["total"] >= 60
     assert {"ece", "abstention", "hard_threshold"} <= set(report["held_out"])
     assert report["order"]["chosen"] == first.ranking.label
-    assert report["order"]["table"][0]["order"] == "rrf(dense 1, lexical 1, k 60)"
+    table = report["order"]["table"]
+    # the configured fusion is the baseline; fusions are compared on every answerable
+    # non-identifier query, the fitted evidence order on the held-out ones only
+    assert table[0]["order"] == "convex(dense 0.5, lexical 0.5)"
+    assert [row["order"] for row in table].count("convex(dense 0.5, lexical 0.5)") == 1
+    evidence_row = next(row for row in table if row["order"] == "evidence")
+    assert 0 < evidence_row["queries"] < table[0]["queries"]
+    answerable = report["queries"]["total"] - sum(
+        n for kind, n in report["queries"]["by_kind"].items() if kind in NEGATIVE_KINDS
+    )
+    identifiers = report["queries"]["by_kind"].get("identifier", 0)
+    assert table[0]["queries"] <= answerable - identifiers
 
     stored = calibrate_version(search, registry, resolved, embedder, store, settings=settings)
     text = registry.load_calibration("acme", resolved.version)

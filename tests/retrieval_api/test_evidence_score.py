@@ -9,7 +9,9 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
+from ragcore.fusion import FusedHit
 from ragcore.sparse import Bm25Encoder, LexicalMatch, LexicalQuery, LexiconStats
+from retrieval_api.candidates import RawPool, pool_evidence
 from retrieval_api.evidence_score import (
     CHUNK_FEATURES,
     QUERY_FEATURES,
@@ -140,3 +142,37 @@ def test_ranking_choice_orders_by_fusion_or_evidence() -> None:
     with pytest.raises(CalibrationError):
         RankingChoice.from_dict({"order": "fused", "method": "max", "dense_weight": 1,
                                  "sparse_weight": 1, "k": 60})  # fmt: skip
+
+
+def _hit(n: int, dense_rank: int | None, sparse_rank: int | None) -> FusedHit:
+    return FusedHit(f"p{n}", f"c{n}", 0.0, None, dense_rank, None, sparse_rank, {})
+
+
+def test_pool_evidence_is_never_below_the_evidence_in_the_finding_channels_own_pool() -> None:
+    calibration = prior_calibration(LexiconStats.build(["a"], Bm25Encoder()))
+    query = LexicalQuery(("pump",), (2.0,), (), (), 0.0)
+    # c0: the dense branch's answer with little BM25; c1, c2: the lexical branch's matches
+    signals = (signal(0.8, 1.0, 0.2), signal(0.3, 12.0, 1.0), signal(0.2, 9.0, 1.0))
+    raw = RawPool(query, (_hit(0, 1, None), _hit(1, 2, 1), _hit(2, None, 2)), signals)
+    whole = calibration.evidence(query, signals)
+    dense_pool = calibration.evidence(query, signals[:2])
+    lexical_pool = calibration.evidence(query, signals[1:])
+    got = pool_evidence(raw, calibration)
+    assert got == pytest.approx(
+        [
+            max(whole[0], dense_pool[0]),
+            max(whole[1], dense_pool[1], lexical_pool[0]),
+            max(whole[2], lexical_pool[1]),
+        ]
+    )
+    # the pool-relative features made the dense answer weaker beside the lexical best match
+    assert dense_pool[0] > whole[0]
+    assert got[0] == pytest.approx(dense_pool[0])
+
+
+def test_a_single_channel_pool_keeps_the_evidence_of_the_whole_pool() -> None:
+    calibration = prior_calibration(LexiconStats.build(["a"], Bm25Encoder()))
+    query = LexicalQuery(("pump",), (2.0,), (), (), 0.0)
+    signals = (signal(0.8, 1.0, 0.2), signal(0.3, 12.0, 1.0))
+    raw = RawPool(query, (_hit(0, 1, None), _hit(1, 2, None)), signals)
+    assert pool_evidence(raw, calibration) == pytest.approx(calibration.evidence(query, signals))

@@ -22,7 +22,8 @@ _SINGLE = {"order": "fused", "identifier_search": False, "identifier_priority": 
 #: order, the thresholds the index's calibration chose). `dense_only` / `bm25_only` are one
 #: channel alone; `rrf*`, `convex_*`, `dbsf`, `evidence_order` fix another order and
 #: `calibrated_order` takes the one the calibration chose per index; `thr_*` fix the hard
-#: threshold on the evidence score, `supporting_*` the floor of supporting chunks;
+#: threshold on the evidence score (`no_threshold`, `*_no_threshold`: none, so a channel's
+#: ranking is compared without abstention), `supporting_*` the floor of supporting chunks;
 #: `no_identifier_rule` drops the identifier search and priority; `no_collapse`, `no_diversity`,
 #: `no_explanations_first` turn one step of distinct evidence off, `plain_ranking` all three.
 DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
@@ -68,6 +69,18 @@ DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
         "explanations_first": False,
     },
     "no_threshold": _evidence_threshold(0.0),
+    "dense_only_no_threshold": {
+        **_SINGLE,
+        "hybrid": False,
+        "sparse_weight": 0.0,
+        **_evidence_threshold(0.0),
+    },
+    "bm25_only_no_threshold": {
+        **_SINGLE,
+        "dense_weight": 0.0,
+        "sparse_weight": 1.0,
+        **_evidence_threshold(0.0),
+    },
     "supporting_1.0": {"supporting_ratio": 1.0},
     "supporting_0.5": {"supporting_ratio": 0.5},
     "supporting_0.1": {"supporting_ratio": 0.1},

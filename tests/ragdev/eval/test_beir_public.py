@@ -1,0 +1,79 @@
+"""The default never loses to one of its own channels on public BEIR sets (issue 26, item 5).
+
+Runs what a user runs (`ragstream eval --dataset beir:DIR --configs
+default,dense_only,bm25_only`) on public BEIR-format samples that are not part of the
+repository's tuning data, and requires the default's nDCG@10 to be at least each single
+channel's minus 0.01.
+
+The data is third-party and never committed: it is looked for in `beir-data/<name>/` beside
+the checkout (or beside one of its ancestors), or under `$RAGSTREAM_BEIR_DATA`. How to obtain
+it: docs/decisions/fusion-weights-from-held-out-evidence.md ("Data"). Without it the test skips
+(`external`). About 10 minutes per set on 2 cores (indexing 5,000 passages).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ragdev.eval.beir import load_beir
+from ragdev.eval.configs import DEFAULT_CONFIGS
+from ragdev.eval.runner import run_eval
+
+pytestmark = pytest.mark.external
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+#: entity search (DBpedia-Entity) and web passages (MS MARCO, TREC-DL 2019 judgments)
+SETS = (
+    pytest.param(
+        "dbpedia",
+        marks=pytest.mark.xfail(
+            strict=False,
+            reason="issue 26 item 5 open: the default trails dense only by 0.024 nDCG@10 "
+            "(docs/decisions/fusion-weights-from-held-out-evidence.md, Open)",
+        ),
+    ),
+    "msmarco",
+)
+#: the issue's tolerance: the default may trail a single channel by at most this nDCG@10
+TOLERANCE = 0.01
+
+
+def find_beir_data(start: Path = REPO_ROOT) -> Path | None:
+    """`$RAGSTREAM_BEIR_DATA` when set, else the first `beir-data` beside the checkout or
+    one of its ancestors; None when there is none."""
+    configured = os.environ.get("RAGSTREAM_BEIR_DATA")
+    if configured:
+        return Path(configured) if Path(configured).is_dir() else None
+    for base in start.parents:
+        candidate = base / "beir-data"
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+BEIR_DATA = find_beir_data()
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_default_is_not_beaten_by_a_single_channel(name: str, tmp_path: Path) -> None:
+    if BEIR_DATA is None or not (BEIR_DATA / name / "corpus.jsonl").is_file():
+        pytest.skip(f"no public BEIR sample {name!r} beside the checkout (see the docstring)")
+    evalset = load_beir(BEIR_DATA / name, name=name)
+    names = ("default", "dense_only", "bm25_only")
+    results = run_eval(
+        evalset,
+        configs={n: DEFAULT_CONFIGS[n] for n in names},
+        progress=False,
+        cache_dir=tmp_path / "cache",
+    )
+    ndcg: dict[str, float] = {}
+    for r in results:
+        value = r.result.aggregates["ndcg@10"]
+        assert value is not None, r.name
+        ndcg[r.name] = value
+    assert set(ndcg) == set(names)
+    for channel in ("dense_only", "bm25_only"):
+        assert ndcg["default"] >= ndcg[channel] - TOLERANCE, ndcg
