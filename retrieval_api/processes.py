@@ -48,7 +48,7 @@ from ragcore.store.host import StoreHost, new_host_key
 from ragcore.wiring import build_store, payload_schema
 from retrieval_api.settings import RetrieveSettings
 
-__all__ = ["ChildSpec", "RetrieveProcesses"]
+__all__ = ["ChildSpec", "RetrieveProcesses", "free_port", "process_cpu_seconds"]
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class RetrieveProcesses:
             self._host = StoreHost(store, self._dir / "store.sock", authkey=key)
             self._host.start()
             address = str(self._host.address)
-        self.port = self._settings.grpc.port or _free_port(self._settings.grpc.host)
+        self.port = self._settings.grpc.port or free_port(self._settings.grpc.host)
         settings = child_settings(self._settings, self.port, self.processes)
         spec = pickle.dumps(ChildSpec(settings, address, key, self._sor))
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": self._metrics_dir}
@@ -196,14 +196,12 @@ class RetrieveProcesses:
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds the server processes used so far (Linux /proc)."""
-        total = 0.0
-        for pid in self.pids:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-            except OSError as exc:
-                raise RagstreamError(f"cannot read the CPU time of process {pid}: {exc}") from exc
-            total += (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
-        return total
+        return sum(process_cpu_seconds(pid) for pid in self.pids)
+
+    def cpu_seconds_by_process(self) -> dict[int, float]:
+        """User + system CPU seconds of each server process so far (how evenly the kernel
+        spread the connections shows here)."""
+        return {pid: process_cpu_seconds(pid) for pid in self.pids}
 
     def signal(self, sig: signal.Signals) -> None:
         """Send `sig` to every running server process (SIGHUP: reload credentials, quotas)."""
@@ -254,6 +252,15 @@ class RetrieveProcesses:
             self._dir = None
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` used so far (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError as exc:
+        raise RagstreamError(f"cannot read the CPU time of process {pid}: {exc}") from exc
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+
+
 def child_settings(settings: RetrieveSettings, port: int, processes: int) -> RetrieveSettings:
     """A server process's settings: the shared port, and, unless configured, a local
     embedder with the cores split between the processes (onnxruntime's default, one thread
@@ -287,7 +294,7 @@ def _ready(child: _Child, line: bytes) -> bool:
     )
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
     """A port free on `host` now (for port 0: the children must all bind the same one)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
         probe.bind((host, 0))

@@ -77,6 +77,7 @@ from ragcore.store.edge import EdgeStore
 from ragcore.store.points import rfc3339, row_fields
 from ragcore.store.registry import FileIndexRegistry
 from ragcore.wiring import payload_schema
+from ragdev.bench.floor import FloorProcesses, FloorSpec, serve_in_thread
 from ragdev.bench.ingest import prose_paragraphs
 from ragdev.bench.machine import emit, flat, int_list, machine_info, percentiles, run_dir
 from ragdev.bench.reconcile import paragraph_points
@@ -127,6 +128,14 @@ _QUESTIONS = (
 _VARIANTS = (
     ("sor_verification", True),
     ("no_verification", False),
+)
+#: The baseline variant: embed + the engine's hybrid query only (`ragdev.bench.floor`).
+FLOOR = "floor"
+#: Issue 28: Retrieve's server CPU per request over the floor's, SoR verification on.
+FLOOR_GOAL_RATIO = 1.5
+FLOOR_GOAL_TEXT = (
+    "server CPU per request <= 1.5x the floor's (same embedding and engine hybrid query, "
+    "nothing else), SoR verification on, same processes and concurrency"
 )
 
 
@@ -420,23 +429,33 @@ def _build(
 
 @dataclass(frozen=True)
 class _Server:
-    """One variant's server under test: where it listens, its metrics and its CPU clock."""
+    """One variant's server under test: where it listens, its metrics and its CPU clocks."""
 
     variant: str
     verification: bool
     processes: int
     target: str
-    registry: CollectorRegistry
+    #: None for the floor (it keeps no metrics)
+    registry: CollectorRegistry | None
     #: CPU seconds the server used so far (every process of it)
     cpu_s: Callable[[], float]
+    #: CPU seconds of each server process so far (the spread of the load over them)
+    cpu_by_process: Callable[[], dict[int, float]]
 
     @property
     def name(self) -> str:
         return f"{self.variant}/p{self.processes}"
 
 
+_Clocks = tuple[str, Callable[[], float], Callable[[], dict[int, float]]]
+
+
+def _this_process() -> dict[int, float]:
+    return {os.getpid(): time.process_time()}
+
+
 @contextmanager
-def _in_process(app: RetrieveApp) -> Iterator[tuple[str, Callable[[], float]]]:
+def _in_process(app: RetrieveApp) -> Iterator[_Clocks]:
     """The app's gRPC server on a loopback port in a background event loop of this process
     (`grpc.processes` = 1: the store, the pipeline and the server share one process)."""
     loop = asyncio.new_event_loop()
@@ -444,7 +463,7 @@ def _in_process(app: RetrieveApp) -> Iterator[tuple[str, Callable[[], float]]]:
     thread.start()
     try:
         asyncio.run_coroutine_threadsafe(app.server.start(), loop).result(60)
-        yield f"127.0.0.1:{app.server.port}", time.process_time
+        yield f"127.0.0.1:{app.server.port}", time.process_time, _this_process
     finally:
         asyncio.run_coroutine_threadsafe(app.server.stop(), loop).result(60)
         loop.call_soon_threadsafe(loop.stop)
@@ -454,12 +473,40 @@ def _in_process(app: RetrieveApp) -> Iterator[tuple[str, Callable[[], float]]]:
 
 
 @contextmanager
-def _in_processes(group: RetrieveProcesses) -> Iterator[tuple[str, Callable[[], float]]]:
+def _in_processes(group: RetrieveProcesses) -> Iterator[_Clocks]:
     """`RetrieveProcesses`: its server processes, and this process hosting the store for them
     (what `ragstream serve` does with RAGSTREAM_GRPC__PROCESSES > 1)."""
     group.start()
     try:
-        yield f"127.0.0.1:{group.port}", lambda: time.process_time() + group.cpu_seconds()
+        yield (
+            f"127.0.0.1:{group.port}",
+            lambda: time.process_time() + group.cpu_seconds(),
+            group.cpu_seconds_by_process,
+        )
+    finally:
+        group.stop()
+
+
+@contextmanager
+def _floor_in_process(spec: FloorSpec, embedder: Embedder, store: EdgeStore) -> Iterator[_Clocks]:
+    """The floor server in this process (searching the store directly)."""
+    server, port = serve_in_thread(spec, embedder, store, Bm25Encoder())
+    try:
+        yield f"127.0.0.1:{port}", time.process_time, _this_process
+    finally:
+        server.stop(5).wait()
+
+
+@contextmanager
+def _floor_in_processes(group: FloorProcesses) -> Iterator[_Clocks]:
+    """The floor's server processes, and this process hosting the store for them."""
+    group.start()
+    try:
+        yield (
+            f"127.0.0.1:{group.port}",
+            lambda: time.process_time() + sum(group.cpu_seconds_by_process().values()),
+            group.cpu_seconds_by_process,
+        )
     finally:
         group.stop()
 
@@ -481,12 +528,16 @@ class _Slice:
     wall_s: float
     loadgen_cpu_s: float
     server_cpu_s: float
+    #: CPU seconds of each server process over the run (this process for one)
+    process_cpu_s: dict[int, float]
     stage_cpu_s: dict[str, float]
     query_cache: dict[str, float]
 
 
-def _counter(registry: CollectorRegistry, family_name: str, label: str) -> dict[str, float]:
+def _counter(registry: CollectorRegistry | None, family_name: str, label: str) -> dict[str, float]:
     out: dict[str, float] = {}
+    if registry is None:
+        return out
     for family in registry.collect():
         if family.name == family_name:
             for sample in family.samples:
@@ -496,11 +547,11 @@ def _counter(registry: CollectorRegistry, family_name: str, label: str) -> dict[
     return out
 
 
-def _stage_cpu(registry: CollectorRegistry) -> dict[str, float]:
+def _stage_cpu(registry: CollectorRegistry | None) -> dict[str, float]:
     return _counter(registry, "ragstream_retrieve_stage_cpu_seconds", "stage")
 
 
-def _query_cache(registry: CollectorRegistry) -> dict[str, float]:
+def _query_cache(registry: CollectorRegistry | None) -> dict[str, float]:
     return _counter(registry, "ragstream_retrieve_query_cache", "outcome")
 
 
@@ -512,6 +563,7 @@ def _drive(server: _Server, queries: Sequence[str], concurrency: int, tmp: Path)
     stages = _stage_cpu(server.registry)
     cache = _query_cache(server.registry)
     cpu = server.cpu_s()
+    by_process = server.cpu_by_process()
     done = subprocess.run(
         [
             sys.executable,
@@ -531,6 +583,7 @@ def _drive(server: _Server, queries: Sequence[str], concurrency: int, tmp: Path)
         check=False,
     )
     server_cpu = server.cpu_s() - cpu
+    process_cpu = {pid: s - by_process.get(pid, 0.0) for pid, s in server.cpu_by_process().items()}
     if done.returncode != 0:
         raise RagstreamError(f"the load generator failed: {done.stderr[-2000:]}")
     after = _stage_cpu(server.registry)
@@ -551,6 +604,7 @@ def _drive(server: _Server, queries: Sequence[str], concurrency: int, tmp: Path)
         wall_s=doc["wall_s"],
         loadgen_cpu_s=doc["cpu_s"],
         server_cpu_s=server_cpu,
+        process_cpu_s=process_cpu,
         stage_cpu_s={k: v - stages.get(k, 0.0) for k, v in after.items()},
         query_cache={k: v - cache.get(k, 0.0) for k, v in cache_after.items()},
     )
@@ -576,6 +630,10 @@ def _summary(
         stage_cpu.update(part.stage_cpu_s)
         cache.update(part.query_cache)
     in_stages = sum(stage_cpu.values())
+    by_process: Counter[int] = Counter()
+    for part in slices:
+        by_process.update(part.process_cpu_s)
+    spread = sum(by_process.values())
     return {
         "concurrency": concurrency,
         "n": n,
@@ -597,6 +655,13 @@ def _summary(
         },
         "server_cores_busy": round(server_cpu / wall, 3),
         "load_generator_cores_busy": round(sum(p.loadgen_cpu_s for p in slices) / wall, 3),
+        # how evenly the kernel spread the connections: each server process's share of the
+        # server processes' CPU, largest first (one process: 1.0)
+        "server_process_cpu_shares": sorted(
+            (round(v / spread, 3) for v in by_process.values()), reverse=True
+        )
+        if spread > 0
+        else [],
         "load_average_at_slice_starts": [[round(x, 2) for x in load] for load in loads],
     }
 
@@ -610,25 +675,40 @@ def _measure_variants(
     warmup: Sequence[str],
     queries: Mapping[int, Sequence[str]],
     processes: Sequence[int],
+    floor: FloorSpec,
 ) -> list[dict[str, Any]]:
-    """Every (variant, processes) server at once; at each concurrency its own query list (no
-    query-vector cache hits carried over from a lower level) runs in two halves, servers in
-    one order then the reverse, so drifting background load weighs on all of them alike."""
+    """Every (variant, processes) server at once, the floor's among them; at each concurrency
+    its own query list (no query-vector cache hits carried over from a lower level) runs in
+    two halves, servers in one order then the reverse, so drifting background load weighs on
+    all of them alike."""
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ragstream-loadgen-")))
         servers: list[_Server] = []
         for count in processes:
-            for name, verification in _VARIANTS:
-                sor = None if verification else _NoVerification(hashes, settings.plan.catalog)
-                if count == 1:
+            for name, verification in (*_VARIANTS, (FLOOR, False)):
+                registry: CollectorRegistry | None = None
+                if name == FLOOR and count == 1:
+                    clocks = stack.enter_context(_floor_in_process(floor, embedder, store))
+                elif name == FLOOR:
+                    floors = FloorProcesses(
+                        floor,
+                        store,
+                        processes=count,
+                        socket_dir=tmp,
+                        embedder=_local(settings),
+                    )
+                    clocks = stack.enter_context(_floor_in_processes(floors))
+                elif count == 1:
+                    sor = None if verification else _NoVerification(hashes, settings.plan.catalog)
                     registry = CollectorRegistry()
                     app = build_app(settings, registry, store=store, embedder=embedder, sor=sor)
-                    target, cpu = stack.enter_context(_in_process(app))
+                    clocks = stack.enter_context(_in_process(app))
                 else:
+                    sor = None if verification else _NoVerification(hashes, settings.plan.catalog)
                     group = RetrieveProcesses(settings, processes=count, store=store, sor=sor)
-                    target, cpu = stack.enter_context(_in_processes(group))
+                    clocks = stack.enter_context(_in_processes(group))
                     registry = group.metrics_registry()
-                server = _Server(name, verification, count, target, registry, cpu)
+                server = _Server(name, verification, count, clocks[0], registry, *clocks[1:])
                 # one process: 1 connection; several: 8 per process, so that every process
                 # (they get connections at random) is warmed up before it is measured
                 warm = _drive(server, warmup, 1 if count == 1 else 8 * count, tmp)
@@ -650,11 +730,12 @@ def _measure_variants(
                     loads[server.name].append(os.getloadavg())
                     runs[server.name].append(_drive(server, part, level, tmp))
             for server in servers:
-                sor_text = (
-                    "SqliteSor (the embedded SoR reader, one batched query per request)"
-                    if server.verification
-                    else "_NoVerification (in-memory: every id exists and is fresh, no I/O)"
-                )
+                if server.variant == FLOOR:
+                    sor_text = "none: the floor embeds and runs the engine's hybrid query only"
+                elif server.verification:
+                    sor_text = "SqliteSor (the embedded SoR reader, one batched query per request)"
+                else:
+                    sor_text = "_NoVerification (in-memory: every id exists and is fresh, no I/O)"
                 out.append(
                     {
                         "variant": server.variant,
@@ -665,7 +746,33 @@ def _measure_variants(
                     }
                 )
     _add_limits(out)
+    _add_floor_ratios(out)
     return out
+
+
+def _local(settings: RetrieveSettings) -> LocalEmbedderConfig:
+    if not isinstance(settings.embedder, LocalEmbedderConfig):
+        raise ConfigError("the benchmark's servers embed with the local model")
+    return settings.embedder
+
+
+def _add_floor_ratios(results: list[dict[str, Any]]) -> None:
+    """Each Retrieve row's server CPU per request over the floor's in the same layout and at
+    the same concurrency (`cpu_over_floor`), and what Retrieve adds in ms."""
+    floors = {(r["processes"], r["concurrency"]): r for r in results if r["variant"] == FLOOR}
+    for r in results:
+        floor = floors.get((r["processes"], r["concurrency"]))
+        if r["variant"] == FLOOR or floor is None:
+            continue
+        ours = r["cpu_ms_per_request"]["server_process"]
+        base = floor["cpu_ms_per_request"]["server_process"]
+        r["floor"] = {
+            "floor_cpu_ms_per_request": base,
+            "cpu_over_floor": round(ours / base, 3) if base > 0 else None,
+            "cpu_ms_above_floor": round(ours - base, 3),
+            "floor_latency_ms": floor["latency_ms"],
+            "floor_qps": floor["qps"],
+        }
 
 
 def _add_limits(results: list[dict[str, Any]]) -> None:
@@ -752,6 +859,11 @@ def run(
             warmup=warmup,
             queries=measured,
             processes=counts,
+            floor=FloorSpec(
+                collection=built.collection,
+                tenant=TENANT,
+                candidate_k=settings.retrieval.candidate_k(settings.retrieval.default_top_k),
+            ),
         )
     load_after = os.getloadavg()
 
@@ -768,7 +880,7 @@ def run(
             "met": r["latency_ms"]["p95"] <= GOAL_P95_MS,
         }
         for r in results
-        if r["concurrency"] == 1
+        if r["concurrency"] == 1 and r["variant"] != FLOOR
     ]
     goals += [
         {
@@ -785,6 +897,19 @@ def run(
         }
         for r in results
         if r["concurrency"] == LOAD_GOAL_CONCURRENCY and r["sor_verification"]
+    ]
+    goals += [
+        {
+            "goal": FLOOR_GOAL_TEXT,
+            "variant": r["variant"],
+            "processes": r["processes"],
+            "concurrency": r["concurrency"],
+            "target_cpu_over_floor": FLOOR_GOAL_RATIO,
+            "measured_cpu_over_floor": r["floor"]["cpu_over_floor"],
+            "met": (r["floor"]["cpu_over_floor"] or math.inf) <= FLOOR_GOAL_RATIO,
+        }
+        for r in results
+        if r["sor_verification"] and "floor" in r
     ]
     return {
         "benchmark": "ragstream bench retrieve: gRPC Retrieve latency and QPS, client side",
@@ -805,7 +930,14 @@ def run(
             " server_stages: the CPU of the thread running each stage "
             "(ragstream_retrieve_stage_cpu_seconds_total); query_cache: query vectors served from"
             " the cache (hit) or embedded (miss); cpu_limit: cores / the "
-            "server's CPU per request at the lowest concurrency"
+            "server's CPU per request at the lowest concurrency; floor: the baseline variant "
+            "(ragdev.bench.floor) in the same process layout, a plain grpc.server that embeds "
+            "the query with the same model and runs the same engine hybrid query (same "
+            "collection, tenant filter, candidate_k, prefetch) and answers only a status: what "
+            "a user calling the engine directly pays; cpu_over_floor: a Retrieve row's server "
+            "CPU per request over the floor's at the same processes and concurrency; "
+            "server_process_cpu_shares: each server process's share of the CPU (the spread of "
+            "the connections over the processes)"
         ),
         "machine": machine_info(
             load_before, load_after, ("onnxruntime", "qdrant-edge-py", "grpcio")
@@ -925,4 +1057,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the imported module's `main`: the server processes unpickle `_NoVerification` by
+    # its module name, which `__main__` is not
+    import importlib
+
+    sys.exit(importlib.import_module("ragdev.bench.retrieve").main())
