@@ -88,7 +88,7 @@ from retrieval_api.processes import RetrieveProcesses
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.entities import Entity, EntityVersion
 
-__all__ = ["GOAL_P95_MS", "run"]
+__all__ = ["GOAL_P95_MS", "run", "server_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -801,6 +801,22 @@ def _add_limits(results: list[dict[str, Any]]) -> None:
 # --- the run ---------------------------------------------------------------------------------
 
 
+def server_settings(root: Path, plan: PlanConfig) -> RetrieveSettings:
+    """The settings of the benchmark's Retrieve servers over the run directory `root`."""
+    return RetrieveSettings(
+        grpc=GrpcSettings(port=0),
+        auth=AuthSettings(tokens={TENANT: hashlib.sha256(TOKEN.encode()).hexdigest()}),
+        # one tenant, up to 8 connections per process at the warm-up: no per-tenant limit
+        # (admission still runs; `ragstream bench noisy` measures its limits)
+        admission=AdmissionSettings(quotas=QuotaBook(default=TenantQuota(concurrency=None))),
+        store=StoreSettings(data_dir=root / "store"),
+        sor=SorSettings(kind="sqlite", sqlite_path=root / "sor.sqlite"),
+        plan=plan,
+        publish_enabled=False,
+        metrics_port=0,
+    )
+
+
 def run(
     *,
     points: int = 100_000,
@@ -839,18 +855,7 @@ def run(
         levels = list(dict.fromkeys(concurrency))
         measured = {level: _questions(built.prose, queries, rng) for level in levels}
 
-        settings = RetrieveSettings(
-            grpc=GrpcSettings(port=0),
-            auth=AuthSettings(tokens={TENANT: hashlib.sha256(TOKEN.encode()).hexdigest()}),
-            # one tenant, up to 8 connections per process at the warm-up: no per-tenant limit
-            # (admission still runs; `ragstream bench noisy` measures its limits)
-            admission=AdmissionSettings(quotas=QuotaBook(default=TenantQuota(concurrency=None))),
-            store=StoreSettings(data_dir=root / "store"),
-            sor=SorSettings(kind="sqlite", sqlite_path=root / "sor.sqlite"),
-            plan=plan,
-            publish_enabled=False,
-            metrics_port=0,
-        )
+        settings = server_settings(root, plan)
         results = _measure_variants(
             settings,
             store,
