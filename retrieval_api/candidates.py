@@ -251,9 +251,9 @@ class CandidateSearch:
         missing = [h.point_id for h in hits if h.point_id not in cosines]
         if missing:
             tenant = store_filter.tenant_id
-            # only the vectors are needed: the payload is already in the hits
+            # only the dense vectors are needed: the payload is already in the hits
             for point in self._store.retrieve(
-                collection, missing, tenant, with_vectors=True, fields=()
+                collection, missing, tenant, with_vectors=True, fields=(), sparse=False
             ):
                 if point.dense is not None:
                     cosines[point.point_id] = float(np.dot(point.dense, vector))

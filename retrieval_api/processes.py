@@ -48,7 +48,13 @@ from ragcore.store.host import StoreHost, new_host_key
 from ragcore.wiring import build_store, payload_schema
 from retrieval_api.settings import RetrieveSettings
 
-__all__ = ["ChildSpec", "RetrieveProcesses", "free_port", "process_cpu_seconds"]
+__all__ = [
+    "ChildSpec",
+    "RetrieveProcesses",
+    "free_port",
+    "process_cpu_seconds",
+    "serving_settings",
+]
 
 log = logging.getLogger(__name__)
 
@@ -262,17 +268,29 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 def child_settings(settings: RetrieveSettings, port: int, processes: int) -> RetrieveSettings:
-    """A server process's settings: the shared port, and, unless configured, a local
-    embedder with the cores split between the processes (onnxruntime's default, one thread
-    per core in every process, costs CPU in thread handoffs once the processes keep every
-    core busy: 6.4 vs 5.5 ms of CPU per query embedding here)."""
-    update: dict[str, object] = {"grpc": settings.grpc.model_copy(update={"port": port})}
+    """A server process's settings: the shared port, and, unless configured, local embedders
+    with one onnxruntime thread (`serving_settings`)."""
+    update = {"grpc": settings.grpc.model_copy(update={"port": port})}
+    return serving_settings(settings.model_copy(update=update))
+
+
+#: onnxruntime intra-op threads of a Retrieve server's local embedders unless configured.
+QUERY_EMBEDDER_THREADS = 1
+
+
+def serving_settings(settings: RetrieveSettings) -> RetrieveSettings:
+    """The settings a Retrieve server runs with: a local embedder without configured
+    intra-op threads gets `QUERY_EMBEDDER_THREADS` (one). A query is a few tokens: a second
+    thread hands work back and forth instead of sharing it, and concurrent requests (or
+    server processes) already keep the cores busy. Measured on 2 cores, 13-token queries:
+    4.9 ms of CPU per embedding with one thread against 7.1 ms with one per core
+    (docs/decisions/cpu-on-the-hot-paths.md)."""
+    update: dict[str, object] = {}
     for field in ("embedder", "next_embedder"):
         config = getattr(settings, field)
         if isinstance(config, LocalEmbedderConfig) and config.intra_op_threads is None:
-            threads = max(1, (os.cpu_count() or 1) // processes)
-            update[field] = config.model_copy(update={"intra_op_threads": threads})
-    return settings.model_copy(update=update)
+            update[field] = config.model_copy(update={"intra_op_threads": QUERY_EMBEDDER_THREADS})
+    return settings.model_copy(update=update) if update else settings
 
 
 def _ready(child: _Child, line: bytes) -> bool:

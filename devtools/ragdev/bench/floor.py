@@ -13,12 +13,11 @@ measured beside Retrieve's in the same run:
   the store directly (`serve_in_thread`);
 - N processes: N `python -m ragdev.bench.floor` processes on one port (SO_REUSEPORT, as
   Retrieve's server processes), each searching the store through a `StoreHost` of the
-  benchmark's process and embedding with cores / N onnxruntime threads (`FloorProcesses`).
+  benchmark's process and embedding with Retrieve's onnxruntime threads (`FloorProcesses`).
 """
 
 from __future__ import annotations
 
-import os
 import pickle
 import signal
 import subprocess
@@ -136,19 +135,14 @@ class FloorProcesses:
         socket_dir: Path,
         embedder: LocalEmbedderConfig,
     ) -> None:
-        """`socket_dir`: a private directory for the host's socket."""
+        """`socket_dir`: a private directory for the host's socket; `embedder`: each
+        process's local embedder (as Retrieve's: `retrieval_api.processes.serving_settings`)."""
         self._spec = spec
         self._store = store
         self._count = processes
         self._socket = socket_dir / "floor-store.sock"
         self.port = free_port("127.0.0.1")
-        threads = max(1, (os.cpu_count() or 1) // processes)
-        # as `retrieval_api.processes.child_settings`: the cores split between the processes
-        self._embedder = (
-            embedder
-            if embedder.intra_op_threads is not None
-            else embedder.model_copy(update={"intra_op_threads": threads})
-        )
+        self._embedder = embedder
         self._host: StoreHost | None = None
         self._children: list[subprocess.Popen[bytes]] = []
 

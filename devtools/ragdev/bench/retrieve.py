@@ -84,7 +84,7 @@ from ragdev.bench.reconcile import paragraph_points
 from ragstream.cli import HelpFormatter
 from retrieval_api.admission import AdmissionSettings, QuotaBook, TenantQuota
 from retrieval_api.app import RetrieveApp, build_app
-from retrieval_api.processes import RetrieveProcesses
+from retrieval_api.processes import RetrieveProcesses, serving_settings
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.entities import Entity, EntityVersion
 
@@ -695,7 +695,7 @@ def _measure_variants(
                         store,
                         processes=count,
                         socket_dir=tmp,
-                        embedder=_local(settings),
+                        embedder=_local(serving_settings(settings)),
                     )
                     clocks = stack.enter_context(_floor_in_processes(floors))
                 elif count == 1:
@@ -856,10 +856,13 @@ def run(
         measured = {level: _questions(built.prose, queries, rng) for level in levels}
 
         settings = server_settings(root, plan)
+        # the servers' own query embedder, configured as a Retrieve server configures it
+        query_embedder = LocalOnnxEmbedder(_local(serving_settings(settings)))
+        stack.callback(query_embedder.close)
         results = _measure_variants(
             settings,
             store,
-            embedder,
+            query_embedder,
             hashes=built.hashes,
             warmup=warmup,
             queries=measured,
@@ -925,9 +928,10 @@ def run(
             "when there are several, so that each is warmed up). Every server (variant x "
             "processes) runs at once (same store); at each concurrency a fresh query list runs in"
             " two halves, servers in one order then the reverse. processes 1: the server in this "
-            "process (same embedder instance, onnxruntime's default threads); processes N: "
-            "RetrieveProcesses, N server processes on one port (SO_REUSEPORT) with onnxruntime "
-            "threads = cores / N each, this process hosting the store for them. The load "
+            "process (one query embedder shared by its servers); processes N: "
+            "RetrieveProcesses, N server processes on one port (SO_REUSEPORT), this process "
+            "hosting the store for them; every server's embedder configured as Retrieve "
+            "configures it (retrieval_api.processes.serving_settings). The load "
             "generator (ragdev.bench.loadgen: N client threads, a connection each, one blocking "
             "call in flight per thread) runs in a process of its own; its CPU is reported apart. "
             "cpu_ms_per_request: the server's CPU over the calls (this process, plus the server "
@@ -975,7 +979,10 @@ def run(
             ),
             "query_embedding": (
                 f"real local ONNX embedder in the server ({MINILM_SPEC.model_version}, "
-                f"intra-op threads {embedder_config.intra_op_threads or 'onnxruntime default'})"
+                "intra-op threads "
+                f"{_local(serving_settings(settings)).intra_op_threads or 'onnxruntime default'}; "
+                "the index's sentences embedded with "
+                f"{embedder_config.intra_op_threads or 'onnxruntime default'})"
             ),
             "queries": (
                 f"{queries} short natural questions (templates over consecutive content words "
