@@ -108,7 +108,7 @@ def finish(raw: RawPool, calibration: EvidenceCalibration, choice: RankingChoice
     order = choice.scores(
         [s.cosine for s in raw.signals], [s.lexical.score for s in raw.signals], evidence
     )
-    hits = tuple(replace(hit, score=score) for hit, score in zip(raw.hits, order, strict=True))
+    hits = tuple(hit.with_score(score) for hit, score in zip(raw.hits, order, strict=True))
     return Pool(raw, hits, tuple(evidence), choice)
 
 
