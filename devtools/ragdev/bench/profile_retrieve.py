@@ -8,7 +8,10 @@ process samples itself with py-spy (`--nonblocking`, so sampling does not stop i
 flame graph (SVG) and the collapsed stacks, and prints a text summary: CPU per request of this
 process over the measured calls (without and with py-spy attached), and the share of the
 samples in each stage of a request (by the frames the stacks contain) and in the functions that
-are most often on the CPU (self) or on the stack (inclusive).
+are most often on the CPU (self) or on the stack (inclusive). py-spy's samples of all threads
+count a thread waiting for the GIL as busy (it shows up at the line it resumes at); a third
+recording with `--gil` samples only the thread holding the GIL (Python's own work; onnxruntime
+runs without it). The server's query embedder is configured as Retrieve configures it.
 
 Run: `python -m ragdev.bench.profile_retrieve --points 100000 --data-dir DIR --out PREFIX`
 (py-spy must be on PATH or beside the interpreter; `pip install py-spy`).
@@ -53,6 +56,7 @@ from ragdev.bench.retrieve import (
 from ragdev.bench.retrieve import _sentences as prose_sentences
 from ragdev.bench.retrieve import _Server as Server
 from retrieval_api.app import build_app
+from retrieval_api.processes import serving_settings
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +121,7 @@ def _py_spy() -> str:
     return found
 
 
-def _record(out: Path, fmt: str, seconds: int) -> subprocess.Popen[bytes]:
+def _record(out: Path, fmt: str, seconds: int, *, gil: bool = False) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
             _py_spy(),
@@ -125,6 +129,7 @@ def _record(out: Path, fmt: str, seconds: int) -> subprocess.Popen[bytes]:
             "--pid",
             str(os.getpid()),
             "--nonblocking",
+            *(["--gil"] if gil else []),
             "--rate",
             "200",
             "--duration",
@@ -173,8 +178,14 @@ def run(
                 data_dir, store, embedder, points=points, n_sentences=n_sentences, rng=rng
             ).prose
         settings = server_settings(data_dir, plan)
+        # the server's query embedder as a Retrieve server configures it
+        served = serving_settings(settings).embedder
+        if not isinstance(served, LocalEmbedderConfig):
+            raise ConfigError("the benchmark's server embeds with the local model")
+        query_embedder = LocalOnnxEmbedder(served)
+        stack.callback(query_embedder.close)
         registry = CollectorRegistry()
-        app = build_app(settings, registry, store=store, embedder=embedder)
+        app = build_app(settings, registry, store=store, embedder=query_embedder)
         target, cpu, by_process = stack.enter_context(_in_process(app))
         server = Server("sor_verification", True, 1, target, registry, cpu, by_process)
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ragstream-prof-")))
@@ -183,8 +194,13 @@ def run(
         profiled_queries = _questions(prose, queries, rng)
         seconds = max(5, int(plain.wall_s * 1.5) + 5)
         svg, collapsed = out.with_suffix(".svg"), out.with_suffix(".txt")
+        under_gil = out.with_name(out.name + "-gil.txt")
         out.parent.mkdir(parents=True, exist_ok=True)
-        recorders = [_record(svg, "flamegraph", seconds), _record(collapsed, "raw", seconds)]
+        recorders = [
+            _record(svg, "flamegraph", seconds),
+            _record(collapsed, "raw", seconds),
+            _record(under_gil, "raw", seconds, gil=True),
+        ]
         time.sleep(1.0)  # py-spy attached
         profiled = _drive(server, profiled_queries, concurrency, tmp)
         for recorder in recorders:
@@ -210,6 +226,9 @@ def run(
         "flamegraph": str(svg),
         "collapsed_stacks": str(collapsed),
         **summarize(collapsed),
+        # only the thread holding the GIL: Python's own work (onnxruntime runs without it)
+        "collapsed_stacks_gil": str(under_gil),
+        "gil": summarize(under_gil),
     }
 
 
