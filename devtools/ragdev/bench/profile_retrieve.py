@@ -44,6 +44,7 @@ from ragcore.store.edge import EdgeStore
 from ragcore.wiring import payload_schema
 from ragdev.bench.machine import machine_info
 from ragdev.bench.retrieve import (
+    WARMUP_TIMEOUT_S,
     WINDOW,
     _build,
     _content_words,
@@ -189,7 +190,7 @@ def run(
         target, cpu, by_process = stack.enter_context(_in_process(app))
         server = Server("sor_verification", True, 1, target, registry, cpu, by_process)
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ragstream-prof-")))
-        _drive(server, _questions(prose, 40, rng), 1, tmp)  # warm-up
+        _drive(server, _questions(prose, 40, rng), 1, tmp, WARMUP_TIMEOUT_S)  # warm-up
         plain = _drive(server, _questions(prose, queries, rng), concurrency, tmp)
         profiled_queries = _questions(prose, queries, rng)
         seconds = max(5, int(plain.wall_s * 1.5) + 5)
