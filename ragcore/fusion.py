@@ -64,6 +64,20 @@ class FusedHit:
     sparse_rank: int | None
     payload: Mapping[str, Any]
 
+    def with_score(self, score: float) -> FusedHit:
+        """This hit with another score (`dataclasses.replace` without its per-call field
+        introspection: Retrieve rescores every candidate of every request)."""
+        return FusedHit(
+            self.point_id,
+            self.chunk_id,
+            score,
+            self.dense_score,
+            self.dense_rank,
+            self.sparse_score,
+            self.sparse_rank,
+            self.payload,
+        )
+
 
 @dataclass(slots=True)
 class _Acc:

@@ -32,12 +32,18 @@ def signature(text: str, words: int = SHINGLE_WORDS) -> Signature:
     `words` words is one shingle of all its words, an empty text the empty set."""
     if words < 1:
         raise ValueError(f"shingle size must be >= 1, got {words}")
-    tokens = [_NUMBER if _NUMBER_RE.fullmatch(t) else t for t in _WORD_RE.findall(text.casefold())]
+    # a number starts with an ASCII digit: only those tokens are matched (Retrieve computes a
+    # signature per candidate; this is most of its cost)
+    tokens = [
+        _NUMBER if "0" <= t[0] <= "9" and _NUMBER_RE.fullmatch(t) else t
+        for t in _WORD_RE.findall(text.casefold())
+    ]
     if not tokens:
         return frozenset()
     if len(tokens) <= words:
         return frozenset({tuple(tokens)})
-    return frozenset(tuple(tokens[i : i + words]) for i in range(len(tokens) - words + 1))
+    # the shifted lists differ in length: zip stops at the last whole shingle
+    return frozenset(zip(*(tokens[i:] for i in range(words)), strict=False))
 
 
 def similarity(a: Signature, b: Signature) -> float:

@@ -25,7 +25,7 @@ from retrieval_api.admission import TenantAdmission
 from retrieval_api.auth import Authenticator
 from retrieval_api.grpc_server import RetrieveServer
 from retrieval_api.metrics import RetrieveMetrics
-from retrieval_api.processes import RetrieveProcesses
+from retrieval_api.processes import RetrieveProcesses, serving_settings
 from retrieval_api.retriever import Retriever
 from retrieval_api.settings import RetrieveSettings
 from retrieval_api.sorwatch import SorTableWatch
@@ -92,7 +92,9 @@ def build_app(
     tracing: Tracing | None = None,
 ) -> RetrieveApp:
     """Wire the server from settings; parts may be injected (embedded stack, tests);
-    `tracing` defaults to what the `OTEL_*` variables configure."""
+    `tracing` defaults to what the `OTEL_*` variables configure. A local embedder built here
+    runs with one onnxruntime thread unless configured (`serving_settings`)."""
+    settings = serving_settings(settings)
     rerank = settings.retrieval.rerank_enabled
     if rerank and settings.reranker is None:
         raise ConfigError(

@@ -133,7 +133,7 @@ def finish(raw: RawPool, calibration: EvidenceCalibration, choice: RankingChoice
     order = choice.scores(
         [s.cosine for s in raw.signals], [s.lexical.score for s in raw.signals], evidence
     )
-    hits = tuple(replace(hit, score=score) for hit, score in zip(raw.hits, order, strict=True))
+    hits = tuple(hit.with_score(score) for hit, score in zip(raw.hits, order, strict=True))
     return Pool(raw, hits, tuple(evidence), choice)
 
 
@@ -283,9 +283,9 @@ class CandidateSearch:
         missing = [h.point_id for h in hits if h.point_id not in cosines]
         if missing:
             tenant = store_filter.tenant_id
-            # only the vectors are needed: the payload is already in the hits
+            # only the dense vectors are needed: the payload is already in the hits
             for point in self._store.retrieve(
-                collection, missing, tenant, with_vectors=True, fields=()
+                collection, missing, tenant, with_vectors=True, fields=(), sparse=False
             ):
                 if point.dense is not None:
                     cosines[point.point_id] = float(np.dot(point.dense, vector))

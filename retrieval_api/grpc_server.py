@@ -53,6 +53,7 @@ from ragcore.sor.sql import SorUnavailableError
 from retrieval_api.admission import OverloadedError, TenantAdmission
 from retrieval_api.auth import AuthenticationError, Authenticator
 from retrieval_api.evidence import error_pack
+from retrieval_api.metrics import Children
 from retrieval_api.retriever import DeadlineExceededError, Retriever
 from retrieval_api.settings import GrpcSettings
 from retrieval_api.tracing import TracingInterceptor
@@ -182,6 +183,12 @@ class GrpcMetrics(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self.sent = Counter(
             "grpc_server_msg_sent_total", "Messages sent.", labels, registry=registry
         )
+        # each call's children, looked up once per method and code (see `Children`)
+        self.started_of = Children(self.started)
+        self.handled_of = Children(self.handled)
+        self.handling_of = Children(self.handling)
+        self.received_of = Children(self.received)
+        self.sent_of = Children(self.sent)
 
     async def intercept_service(
         self,
@@ -197,13 +204,13 @@ class GrpcMetrics(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         inner = handler.unary_unary
 
         async def observed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            self.started.labels(*labels).inc()
-            self.received.labels(*labels).inc()
+            self.started_of(*labels).inc()
+            self.received_of(*labels).inc()
             began = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
                 response = await inner(request, context)
-                self.sent.labels(*labels).inc()
+                self.sent_of(*labels).inc()
                 return response
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
@@ -214,8 +221,8 @@ class GrpcMetrics(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     code = grpc.StatusCode.UNKNOWN
                 raise
             finally:
-                self.handled.labels(*labels, go_code_name(code)).inc()
-                self.handling.labels(*labels).observe(time.perf_counter() - began)
+                self.handled_of(*labels, go_code_name(code)).inc()
+                self.handling_of(*labels).observe(time.perf_counter() - began)
 
         return grpc.unary_unary_rpc_method_handler(
             observed,

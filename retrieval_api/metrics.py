@@ -2,9 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class Children(Generic[M]):
+    """The children of a labelled metric, each looked up once: prometheus_client's `labels()`
+    validates the values and takes a lock on every call, and a Retrieve request asked for
+    about 30 children. Label values must be few (stages, statuses, codes, reasons)."""
+
+    def __init__(self, metric: M) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        """The child of `values` (what `metric.labels(*values)` returns)."""
+        child = self._children.get(values)
+        if child is None:
+            # a race only looks the same child up twice: `labels()` returns one object
+            child = self._children.setdefault(values, self._metric.labels(*values))
+        return child
 
 
 class RetrieveMetrics:
@@ -73,3 +96,9 @@ class RetrieveMetrics:
             "(its re-read is queued, or changed nothing).",
             registry=registry,
         )
+        # the hot path's children, looked up once (see `Children`)
+        self.requests_of = Children(self.requests)
+        self.stage_seconds_of = Children(self.stage_seconds)
+        self.stage_cpu_seconds_of = Children(self.stage_cpu_seconds)
+        self.query_cache_of = Children(self.query_cache)
+        self.excluded_of = Children(self.excluded)

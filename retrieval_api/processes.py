@@ -48,7 +48,13 @@ from ragcore.store.host import StoreHost, new_host_key
 from ragcore.wiring import build_store, payload_schema
 from retrieval_api.settings import RetrieveSettings
 
-__all__ = ["ChildSpec", "RetrieveProcesses"]
+__all__ = [
+    "ChildSpec",
+    "RetrieveProcesses",
+    "free_port",
+    "process_cpu_seconds",
+    "serving_settings",
+]
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +137,7 @@ class RetrieveProcesses:
             self._host = StoreHost(store, self._dir / "store.sock", authkey=key)
             self._host.start()
             address = str(self._host.address)
-        self.port = self._settings.grpc.port or _free_port(self._settings.grpc.host)
+        self.port = self._settings.grpc.port or free_port(self._settings.grpc.host)
         settings = child_settings(self._settings, self.port, self.processes)
         spec = pickle.dumps(ChildSpec(settings, address, key, self._sor))
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": self._metrics_dir}
@@ -196,14 +202,12 @@ class RetrieveProcesses:
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds the server processes used so far (Linux /proc)."""
-        total = 0.0
-        for pid in self.pids:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-            except OSError as exc:
-                raise RagstreamError(f"cannot read the CPU time of process {pid}: {exc}") from exc
-            total += (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
-        return total
+        return sum(process_cpu_seconds(pid) for pid in self.pids)
+
+    def cpu_seconds_by_process(self) -> dict[int, float]:
+        """User + system CPU seconds of each server process so far (how evenly the kernel
+        spread the connections shows here)."""
+        return {pid: process_cpu_seconds(pid) for pid in self.pids}
 
     def signal(self, sig: signal.Signals) -> None:
         """Send `sig` to every running server process (SIGHUP: reload credentials, quotas)."""
@@ -254,18 +258,39 @@ class RetrieveProcesses:
             self._dir = None
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` used so far (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError as exc:
+        raise RagstreamError(f"cannot read the CPU time of process {pid}: {exc}") from exc
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+
+
 def child_settings(settings: RetrieveSettings, port: int, processes: int) -> RetrieveSettings:
-    """A server process's settings: the shared port, and, unless configured, a local
-    embedder with the cores split between the processes (onnxruntime's default, one thread
-    per core in every process, costs CPU in thread handoffs once the processes keep every
-    core busy: 6.4 vs 5.5 ms of CPU per query embedding here)."""
-    update: dict[str, object] = {"grpc": settings.grpc.model_copy(update={"port": port})}
+    """A server process's settings: the shared port, and, unless configured, local embedders
+    with one onnxruntime thread (`serving_settings`)."""
+    update = {"grpc": settings.grpc.model_copy(update={"port": port})}
+    return serving_settings(settings.model_copy(update=update))
+
+
+#: onnxruntime intra-op threads of a Retrieve server's local embedders unless configured.
+QUERY_EMBEDDER_THREADS = 1
+
+
+def serving_settings(settings: RetrieveSettings) -> RetrieveSettings:
+    """The settings a Retrieve server runs with: a local embedder without configured
+    intra-op threads gets `QUERY_EMBEDDER_THREADS` (one). A query is a few tokens: a second
+    thread hands work back and forth instead of sharing it, and concurrent requests (or
+    server processes) already keep the cores busy. Measured on 2 cores, 13-token queries:
+    4.9 ms of CPU per embedding with one thread against 7.1 ms with one per core
+    (docs/decisions/cpu-on-the-hot-paths.md)."""
+    update: dict[str, object] = {}
     for field in ("embedder", "next_embedder"):
         config = getattr(settings, field)
         if isinstance(config, LocalEmbedderConfig) and config.intra_op_threads is None:
-            threads = max(1, (os.cpu_count() or 1) // processes)
-            update[field] = config.model_copy(update={"intra_op_threads": threads})
-    return settings.model_copy(update=update)
+            update[field] = config.model_copy(update={"intra_op_threads": QUERY_EMBEDDER_THREADS})
+    return settings.model_copy(update=update) if update else settings
 
 
 def _ready(child: _Child, line: bytes) -> bool:
@@ -287,7 +312,7 @@ def _ready(child: _Child, line: bytes) -> bool:
     )
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
     """A port free on `host` now (for port 0: the children must all bind the same one)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
         probe.bind((host, 0))

@@ -101,7 +101,7 @@ class Retriever:
         self.config = config
         self._models = EmbeddingModels(embedder, other_embedders)
         self._query_vectors = QueryVectorCache(
-            config.query_cache_entries, lambda outcome: metrics.query_cache.labels(outcome).inc()
+            config.query_cache_entries, lambda outcome: metrics.query_cache_of(outcome).inc()
         )
         self._sparse = sparse
         self._store = store
@@ -313,10 +313,10 @@ class Retriever:
 
     def _after(self, pack: pb.EvidencePack, request: ValidatedRequest, at: datetime) -> None:
         """Count, request reindexing of what the SoR check excluded, and audit."""
-        self._metrics.requests.labels(_STATUS[pack.status], "OK").inc()
+        self._metrics.requests_of(_STATUS[pack.status], "OK").inc()
         for item in pack.excluded:
             reason = pb.ExclusionReason.Name(item.reason).removeprefix("EXCLUSION_REASON_")
-            self._metrics.excluded.labels(reason.lower()).inc()
+            self._metrics.excluded_of(reason.lower()).inc()
         stale = reindex_requests(pack)
         if self._publisher is None:
             return
@@ -345,7 +345,7 @@ class Retriever:
         gRPC status it ends with (go-grpc-prometheus spelling, e.g. `InvalidArgument`), which
         separates client errors from server failures in the metric."""
         pack.trace_id = self.tracing.current_trace_id()
-        self._metrics.requests.labels(_STATUS[pack.status], code).inc()
+        self._metrics.requests_of(_STATUS[pack.status], code).inc()
         self.audit(pack, query, at)
 
     def audit(self, pack: pb.EvidencePack, query: str, at: datetime) -> None:
@@ -422,5 +422,5 @@ class _Stages:
         finally:
             elapsed = time.perf_counter() - started
             self._timings[name] = elapsed * 1000
-            self._metrics.stage_seconds.labels(name).observe(elapsed)
-            self._metrics.stage_cpu_seconds.labels(name).inc(time.thread_time() - cpu)
+            self._metrics.stage_seconds_of(name).observe(elapsed)
+            self._metrics.stage_cpu_seconds_of(name).inc(time.thread_time() - cpu)

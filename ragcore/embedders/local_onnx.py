@@ -96,7 +96,10 @@ class LocalEmbedderConfig(BaseModel):
     )
     batch_size: int = Field(default=32, ge=1, le=1024)
     intra_op_threads: int | None = Field(
-        default=None, ge=1, description="onnxruntime intra-op threads; None = one per core."
+        default=None,
+        ge=1,
+        description="onnxruntime intra-op threads; None = one per core (ingest) and one in "
+        "each Retrieve server process (a query is a few tokens).",
     )
 
     @model_validator(mode="after")

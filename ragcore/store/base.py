@@ -478,9 +478,11 @@ class VectorStore(Protocol):
         with_vectors: bool = False,
         *,
         fields: Sequence[str] | None = None,
+        sparse: bool = True,
     ) -> list[StoredPoint]:
         """The tenant's points among `ids` (others are omitted), in the order of `ids`.
-        `fields` selects the payload keys as in `scroll` (None: the whole payload)."""
+        `fields` selects the payload keys as in `scroll` (None: the whole payload);
+        `sparse=False` with `with_vectors` reads only the dense vector (`sparse` is None)."""
         ...
 
     def count(self, name: str, filter: StoreFilter) -> int:

@@ -418,15 +418,13 @@ class EdgeStore(QdrantEngine):
         return list(_vendor(f"query_batch {name}", lambda: handle.shard.query_batch(batch)))
 
     def _fetch(
-        self, name: str, ids: Sequence[str], with_vectors: bool, keys: list[str] | None
+        self, name: str, ids: Sequence[str], vectors: bool | list[str], keys: list[str] | None
     ) -> Sequence[Any]:
         handle = self._open(name)
         selector = True if keys is None else qe.PayloadSelector.Include(keys)
         return _vendor(
             f"retrieve {name}",
-            lambda: handle.shard.retrieve(
-                list(ids), with_payload=selector, with_vector=bool(with_vectors)
-            ),
+            lambda: handle.shard.retrieve(list(ids), with_payload=selector, with_vector=vectors),
         )
 
     def _scroll_page(

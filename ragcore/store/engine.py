@@ -75,10 +75,10 @@ class QdrantEngine(ABC):
 
     @abstractmethod
     def _fetch(
-        self, name: str, ids: Sequence[str], with_vectors: bool, keys: list[str] | None
+        self, name: str, ids: Sequence[str], vectors: bool | list[str], keys: list[str] | None
     ) -> Sequence[Any]:
         """The records among `ids` (any order; missing ids absent), with the payload keys
-        `keys` (None: the whole payload)."""
+        `keys` (None: the whole payload) and the named `vectors` (True: all, False: none)."""
 
     @abstractmethod
     def _scroll_page(
@@ -233,17 +233,20 @@ class QdrantEngine(ABC):
         *,
         partition: str | None = None,
         fields: Sequence[str] | None = None,
+        sparse: bool = True,
     ) -> list[StoredPoint]:
         """The tenant's points among `ids`, in the order of `ids` (missing ids, other tenants'
         points and, when `partition` is given, other partitions' points are omitted); `fields`
-        selects the payload keys (None: all; the tenant and partition keys are always read)."""
+        selects the payload keys (None: all; the tenant and partition keys are always read);
+        `sparse=False` reads only the dense vector of each point."""
         validate_tenant(tenant_id)
         if not ids:
             return []
         keys = payload_selection(fields)
         if keys is not None and partition is not None:
             keys.append(PARTITION)
-        by_id = {str(r.id): r for r in self._fetch(name, ids, with_vectors, keys)}
+        vectors: bool | list[str] = with_vectors and (True if sparse else [DENSE_VECTOR])
+        by_id = {str(r.id): r for r in self._fetch(name, ids, vectors, keys)}
         found = [by_id[i] for i in dict.fromkeys(ids) if i in by_id]
         return [
             self._stored(r)

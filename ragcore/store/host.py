@@ -432,10 +432,11 @@ class HostedStore:
         with_vectors: bool = False,
         *,
         fields: Sequence[str] | None = None,
+        sparse: bool = True,
     ) -> list[StoredPoint]:
         """See `VectorStore.retrieve` (runs in the host)."""
         points: list[StoredPoint] = self._call(
-            "retrieve", name, list(ids), tenant_id, with_vectors, fields=fields
+            "retrieve", name, list(ids), tenant_id, with_vectors, fields=fields, sparse=sparse
         )
         return points
 

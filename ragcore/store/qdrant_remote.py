@@ -454,7 +454,7 @@ class QdrantRemoteStore(QdrantEngine):
         return [list(response.points) for response in responses]
 
     def _fetch(
-        self, name: str, ids: Sequence[str], with_vectors: bool, keys: list[str] | None
+        self, name: str, ids: Sequence[str], vectors: bool | list[str], keys: list[str] | None
     ) -> Sequence[Any]:
         return _vendor(
             f"retrieve {name}",
@@ -462,7 +462,7 @@ class QdrantRemoteStore(QdrantEngine):
                 name,
                 ids=list(ids),
                 with_payload=True if keys is None else keys,
-                with_vectors=with_vectors,
+                with_vectors=vectors,
             ),
         )
 

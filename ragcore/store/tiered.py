@@ -136,8 +136,10 @@ class PartitionedEngine(VectorStore, Protocol):
         *,
         partition: str | None = None,
         fields: Sequence[str] | None = None,
+        sparse: bool = True,
     ) -> list[StoredPoint]:
-        """Points by id (within `partition`), `fields` selecting the payload."""
+        """Points by id (within `partition`), `fields` selecting the payload, `sparse=False`
+        only the dense vector."""
         ...
 
 
@@ -429,12 +431,19 @@ class TieredStore:
         with_vectors: bool = False,
         *,
         fields: Sequence[str] | None = None,
+        sparse: bool = True,
     ) -> list[StoredPoint]:
         """The tenant's points among `ids` in this logical collection, in the order of `ids`
-        (`fields` selects the payload keys)."""
+        (`fields` selects the payload keys, `sparse=False` only the dense vector)."""
         collection, partition = self._where(name)
         return self._engine.retrieve(
-            collection, ids, tenant_id, with_vectors, partition=partition, fields=fields
+            collection,
+            ids,
+            tenant_id,
+            with_vectors,
+            partition=partition,
+            fields=fields,
+            sparse=sparse,
         )
 
     def search_dense(

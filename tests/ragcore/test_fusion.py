@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragcore.fusion import FusionMethod, fuse, fuse_scores, ranks_of
+from ragcore.fusion import FusedHit, FusionMethod, fuse, fuse_scores, ranks_of
 
 pytestmark = pytest.mark.unit
 
@@ -172,3 +172,17 @@ def test_fuse_scores_refuses_misaligned_or_unknown_input() -> None:
         fuse_scores([0.1], [0.1, 0.2])
     with pytest.raises(ValueError, match="unknown fusion method"):
         fuse_scores([0.1], [0.1], method="max")  # type: ignore[arg-type]
+
+
+def test_with_score_changes_only_the_score() -> None:
+    hit = FusedHit(
+        point_id="p",
+        chunk_id="e:chunk:0",
+        score=0.1,
+        dense_score=0.8,
+        dense_rank=2,
+        sparse_score=None,
+        sparse_rank=None,
+        payload={"text": "t"},
+    )
+    assert hit.with_score(0.7) == replace(hit, score=0.7)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ragcore.textsim import duplicate_slots, near_duplicate, signature, similarity
 
@@ -51,3 +55,25 @@ def test_duplicate_slots_counts_repeats_of_a_better_text() -> None:
     assert duplicate_slots(texts, 3) == 1
     with pytest.raises(ValueError):
         duplicate_slots(texts, 0)
+
+
+def _reference_signature(text: str, words: int) -> frozenset[tuple[str, ...]]:
+    """The definition as first written (every token matched, shingles sliced)."""
+    tokens = [
+        "<n>" if re.fullmatch(r"[0-9]+(?:[.,][0-9]+)*", t) else t
+        for t in re.findall(r"\w+(?:[-.]\w+)*", text.casefold())
+    ]
+    if not tokens:
+        return frozenset()
+    if len(tokens) <= words:
+        return frozenset({tuple(tokens)})
+    return frozenset(tuple(tokens[i : i + words]) for i in range(len(tokens) - words + 1))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.text(alphabet=st.sampled_from(list("ab Z9 0.,-_\n²٣ßİ")) | st.characters(), max_size=80),
+    st.integers(min_value=1, max_value=4),
+)
+def test_signature_equals_the_reference_definition(text: str, words: int) -> None:
+    assert signature(text, words) == _reference_signature(text, words)

@@ -37,13 +37,13 @@ from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 CALL_TIMEOUT_S = 30.0
 
 
-def call(stub: Any, token: str, query: str) -> dict[str, Any]:
+def call(stub: Any, token: str, query: str, timeout_s: float = CALL_TIMEOUT_S) -> dict[str, Any]:
     """One Retrieve call, measured from the request built to the evidence pack decoded."""
     request = pb.RetrieveRequest(query_text=query)
     metadata = (("authorization", f"Bearer {token}"),)
     began = time.perf_counter()
     try:
-        pack = stub.Retrieve(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
+        pack = stub.Retrieve(request, metadata=metadata, timeout=timeout_s)
     except grpc.RpcError as err:
         code = err.code().name if isinstance(err, grpc.Call) else "UNKNOWN"
         return {"latency_s": time.perf_counter() - began, "status": f"GRPC_{code}"}
@@ -65,7 +65,13 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def drive(target: str, token: str, queries: Sequence[str], concurrency: int) -> dict[str, Any]:
+def drive(
+    target: str,
+    token: str,
+    queries: Sequence[str],
+    concurrency: int,
+    timeout_s: float = CALL_TIMEOUT_S,
+) -> dict[str, Any]:
     """Every query once with at most `concurrency` calls in flight; samples, wall and CPU."""
     local = threading.local()
     channels: list[grpc.Channel] = []
@@ -89,7 +95,7 @@ def drive(target: str, token: str, queries: Sequence[str], concurrency: int) -> 
             list(pool.map(lambda _: (stub(), barrier.wait()), range(concurrency)))
             cpu = _cpu_s()
             began = time.perf_counter()
-            samples = list(pool.map(lambda q: call(stub(), token, q), queries))
+            samples = list(pool.map(lambda q: call(stub(), token, q, timeout_s), queries))
             wall = time.perf_counter() - began
             return {"samples": samples, "wall_s": wall, "cpu_s": _cpu_s() - cpu}
     finally:
@@ -180,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("queries", type=Path, help="JSON list of query texts")
     parser.add_argument("--flood", action="store_true", help="flood until stdin closes")
     parser.add_argument("--ignore-retry-hint", action="store_true")
+    parser.add_argument("--timeout", type=float, default=CALL_TIMEOUT_S, help="seconds per call")
     args = parser.parse_args(argv)
     queries = json.loads(args.queries.read_text(encoding="utf-8"))
     if args.flood:
@@ -195,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         json.dump(report, sys.stdout)
         return 0
-    json.dump(drive(args.target, args.token, queries, args.concurrency), sys.stdout)
+    json.dump(drive(args.target, args.token, queries, args.concurrency, args.timeout), sys.stdout)
     return 0
 
 

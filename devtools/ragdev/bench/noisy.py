@@ -304,7 +304,7 @@ def run(
             )
             registries[admission] = CollectorRegistry()
             app = build_app(settings, registries[admission], store=store, embedder=embedder)
-            targets[admission], _ = stack.enter_context(_in_process(app))
+            targets[admission] = stack.enter_context(_in_process(app))[0]
             _probe(targets[admission], _questions(prose, 10, rng), tmp)  # warm-up
         quiet: dict[str, list[dict[str, Any]]] = {p: [] for p in PHASES}
         floods: dict[str, list[dict[str, Any]]] = {p: [] for p in PHASES[1:]}

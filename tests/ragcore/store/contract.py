@@ -441,6 +441,15 @@ class VectorStoreContract:
         assert points[0].sparse.indices == expected.indices
         assert points[0].sparse.values == pytest.approx(expected.values, rel=1e-6)
 
+    def test_retrieve_without_sparse_reads_only_the_dense_vector(self, loaded: VectorStore) -> None:
+        points = loaded.retrieve(
+            COLLECTION, [ACME[4].point_id], "acme", with_vectors=True, sparse=False, fields=()
+        )
+        assert [p.point_id for p in points] == [ACME[4].point_id]
+        assert points[0].dense is not None
+        assert np.allclose(points[0].dense, dense_of(ACME[4]), atol=1e-6)
+        assert points[0].sparse is None
+
     def test_scroll_paginates_completely(self, store: VectorStore) -> None:
         bulk = self.home("bulk")
         store.ensure_collection(bulk, DIM)
