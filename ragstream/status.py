@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ragcore.errors import RagstreamError
-from retrieval_api.grpc_codes import SERVER_ERROR_CODES
+from ragcore.grpc_codes import SERVER_ERROR_CODES
 
 __all__ = [
     "NOT_EXPORTED",

@@ -24,9 +24,9 @@ import grpc
 import pytest
 
 from ragcore.errors import EmbeddingUnavailableError
+from ragcore.grpc_codes import SERVER_ERROR_CODES
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
-from retrieval_api.grpc_codes import SERVER_ERROR_CODES
 from tests.deploy.live_stack import (
     ACME_ROWS,
     PROMOTE_ABOVE,

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from retrieval_api.grpc_codes import SERVER_ERROR_CODES
+from ragcore.grpc_codes import SERVER_ERROR_CODES
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from tests.deploy.prometheus_live import LivePrometheus, alert_names

@@ -177,7 +177,7 @@ def test_grpc_rules_select_the_retrieve_service() -> None:
 
 @pytest.mark.unit
 def test_error_rate_alert_counts_exactly_the_server_side_codes() -> None:
-    from retrieval_api.grpc_codes import SERVER_ERROR_CODES
+    from ragcore.grpc_codes import SERVER_ERROR_CODES
 
     rule = next(r for r in alert_rules() if r["alert"] == "RagstreamRetrieveErrorRate")
     matcher = re.search(

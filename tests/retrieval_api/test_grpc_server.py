@@ -12,10 +12,10 @@ import grpc
 import pytest
 
 from ragcore.embedders.local_onnx import LocalOnnxEmbedder
+from ragcore.grpc_codes import SERVER_ERROR_CODES
 from ragcore.store.base import Placement
 from ragcore.store.tiered import TieredStore
 from ragdev.services.postgres import PostgresCluster
-from retrieval_api.grpc_codes import SERVER_ERROR_CODES
 from schemas.entities import ContentFormat
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from tests.retrieval_api.stack import Stack, bearer

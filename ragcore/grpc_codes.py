@@ -1,5 +1,6 @@
 """Which gRPC status codes are the server's failures (a module without dependencies: the
-metrics, the alert tests and `ragstream status`, which must stay light, share it)."""
+Retrieve metrics, the alert tests and `ragstream status`, which must not import the service,
+share it)."""
 
 from __future__ import annotations
 
