@@ -283,7 +283,7 @@ def _cmd_dlq(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
     from ragcore.errors import ConfigError
-    from ragstream.dlq import commit_after, read_dlq, replay_records
+    from ragstream.dlq import replay_dlq
     from streams.app import build_worker
     from streams.decode import decode_record
     from streams.settings import IngestSettings
@@ -295,31 +295,21 @@ def _cmd_dlq(args: argparse.Namespace) -> int:
             raise ConfigError("dlq replay re-reads the SoR: set RAGSTREAM_SOR__KIND")
         worker.check()
         options = settings.decode.options()
-        group = args.group or f"{settings.consumer.group_id}-dlq-replay"
-        consumer, records = read_dlq(
+        report = replay_dlq(
             settings.kafka,
             settings.consumer.dlq_topic,
-            group,
+            args.group or f"{settings.consumer.group_id}-dlq-replay",
+            decode=lambda raw: decode_record(raw, options),
+            config=settings.plan,
+            handler=worker.handler,
+            known_tenants=worker.targets.known_tenants,
             from_beginning=args.from_beginning,
             idle_s=args.idle_s,
         )
-        try:
-            report = replay_records(
-                records,
-                decode=lambda raw: decode_record(raw, options),
-                config=settings.plan,
-                handler=worker.handler,
-                known_tenants=worker.targets.known_tenants,
-            )
-            if not report.failing:
-                commit_after(consumer, records)
-                report.committed = True
-        finally:
-            consumer.close()
     finally:
         worker.close()
     print_json(report.as_dict())
-    return 1 if report.failing else 0
+    return 0 if report.ok else 1
 
 
 def _cmd_slots(args: argparse.Namespace) -> int:

@@ -15,6 +15,13 @@ everything was replayed, the replay group's offsets are committed, so a
 later run starts after them (`--from-beginning` reads the whole DLQ again). Records dead-lettered
 by policy (`POLICY_*`: a truncate or logical message the policy sends to the DLQ) name no
 entity and are left alone.
+
+The DLQ has retention like any topic. A replay group whose committed offset fell below the
+log start never reads the records in between: no offset jumps silently
+(`auto.offset.reset=error`); the replay starts at the log start, names the lost offsets in the
+report (`lost_to_retention`) and an ERROR, and exits 1 even when everything it read was
+replayed, because the entities those records named can only be brought back by
+`ragstream reconcile --repair`.
 """
 
 from __future__ import annotations
@@ -24,13 +31,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from ragcore.errors import RagstreamError
 from ragcore.kafka_config import KafkaSettings
 from ragcore.plan import PlanConfig, identity_of
 from schemas.events import ChangeEvent, RawRecord
-from streams.consumer import DLQ_HEADER_PREFIX, to_raw
+from streams.consumer import DLQ_HEADER_PREFIX, OffsetGap, offset_gap, to_raw
 from streams.ingest import Rejection
 
 log = logging.getLogger(__name__)
@@ -55,7 +62,14 @@ class ReplayReport:
     entities: int = 0
     skipped: int = 0
     failing: list[dict[str, Any]] = field(default_factory=list)
+    #: DLQ offsets deleted by retention before the replay group read them
+    lost: list[OffsetGap] = field(default_factory=list)
     committed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Whether everything dead-lettered was replayed (nothing failing, nothing lost)."""
+        return not self.failing and not self.lost
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form (the command's output)."""
@@ -64,6 +78,7 @@ class ReplayReport:
             "entities_reread": self.entities,
             "skipped": self.skipped,
             "still_failing": self.failing,
+            "lost_to_retention": [gap.describe() for gap in self.lost],
             "committed": self.committed,
         }
 
@@ -142,33 +157,33 @@ def read_dlq(
     from_beginning: bool,
     idle_s: float = 3.0,
     limit: int = 100_000,
-) -> tuple[Consumer, list[RawRecord]]:
+) -> tuple[Consumer, list[RawRecord], list[OffsetGap]]:
     """Every DLQ record after the replay group's committed offsets (or all of them), read until
-    nothing arrives for `idle_s`. The consumer stays open for `commit`."""
+    nothing arrives for `idle_s`, and the gaps: partitions whose committed offset lies outside
+    the log (read from the log start instead). The consumer stays open for `commit`."""
     consumer = Consumer(
         {
             **kafka.client_config(),
             "group.id": group_id,
             "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
+            # Start positions are chosen below; an offset out of range is an error, not a jump.
+            "auto.offset.reset": "error",
             "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 500,
             "fetch.wait.max.ms": 50,
         }
     )
-    metadata = consumer.list_topics(topic, timeout=10)
-    meta = metadata.topics.get(topic)
-    if meta is None or meta.error is not None or not meta.partitions:
+    try:
+        partitions, gaps = _start_positions(consumer, topic, from_beginning)
+    except BaseException:
         consumer.close()
-        raise RagstreamError(f"DLQ topic {topic!r} does not exist")
-    partitions = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
-    if from_beginning:
-        partitions = [TopicPartition(topic, p.partition, 0) for p in partitions]
-    else:
-        committed = consumer.committed(partitions, timeout=10)
-        partitions = [
-            TopicPartition(topic, p.partition, p.offset if p.offset >= 0 else 0) for p in committed
-        ]
+        raise
+    for gap in gaps:
+        log.error(
+            "dead-lettered records lost to the DLQ's retention before this replay read them: %s; "
+            "run `ragstream reconcile --repair` for the entities they named",
+            gap.describe(),
+        )
     consumer.assign(partitions)
     records: list[RawRecord] = []
     while len(records) < limit:
@@ -182,12 +197,77 @@ def read_dlq(
             consumer.close()
             raise RagstreamError(f"reading the DLQ failed: {err}")
         records.append(to_raw(msg))
-    return consumer, records
+    return consumer, records, gaps
 
 
-def commit_after(consumer: Consumer, records: Sequence[RawRecord]) -> None:
-    """Commit the replay group past `records`."""
-    last: dict[tuple[str, int], int] = {}
+def _start_positions(
+    consumer: Consumer, topic: str, from_beginning: bool
+) -> tuple[list[TopicPartition], list[OffsetGap]]:
+    """Where the replay reads each partition of `topic`: its first retained offset when reading
+    from the beginning or when the group never committed; else the committed offset, or the
+    log start when that offset lies outside the log (a gap)."""
+    metadata = consumer.list_topics(topic, timeout=10)
+    meta = metadata.topics.get(topic)
+    if meta is None or meta.error is not None or not meta.partitions:
+        raise RagstreamError(f"DLQ topic {topic!r} does not exist")
+    partitions = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+    if from_beginning:
+        return [TopicPartition(topic, p.partition, OFFSET_BEGINNING) for p in partitions], []
+    starts: list[TopicPartition] = []
+    gaps: list[OffsetGap] = []
+    for tp in consumer.committed(partitions, timeout=10):
+        if tp.offset < 0:
+            starts.append(TopicPartition(topic, tp.partition, OFFSET_BEGINNING))
+            continue
+        marks = consumer.get_watermark_offsets(
+            TopicPartition(topic, tp.partition), timeout=10, cached=False
+        )
+        if marks is None:
+            raise RagstreamError(f"the watermarks of {topic}[{tp.partition}] are unknown")
+        gap = offset_gap(topic, tp.partition, tp.offset, *marks)
+        if gap is not None:
+            gaps.append(gap)
+        starts.append(TopicPartition(topic, tp.partition, tp.offset if gap is None else gap.low))
+    return starts, gaps
+
+
+def replay_dlq(
+    kafka: KafkaSettings,
+    topic: str,
+    group_id: str,
+    *,
+    decode: Callable[[RawRecord], ChangeEvent],
+    config: PlanConfig,
+    handler: Rereader,
+    known_tenants: Callable[[], Sequence[str]],
+    from_beginning: bool = False,
+    idle_s: float = 3.0,
+) -> ReplayReport:
+    """`ragstream dlq replay`: read the DLQ (`read_dlq`), replay what it holds
+    (`replay_records`) and, when nothing still fails, commit the replay group past it."""
+    consumer, records, gaps = read_dlq(
+        kafka, topic, group_id, from_beginning=from_beginning, idle_s=idle_s
+    )
+    try:
+        report = replay_records(
+            records, decode=decode, config=config, handler=handler, known_tenants=known_tenants
+        )
+        report.lost = gaps
+        if not report.failing:
+            # past the gaps too: they are reported once, the reconcile repairs what they named
+            commit_after(consumer, records, gaps)
+            report.committed = True
+    finally:
+        consumer.close()
+    return report
+
+
+def commit_after(
+    consumer: Consumer, records: Sequence[RawRecord], gaps: Sequence[OffsetGap] = ()
+) -> None:
+    """Commit the replay group past `records`, and at least to the log start of each gap's
+    partition (a gap with no record read after it is not reported again)."""
+    last: dict[tuple[str, int], int] = {(g.topic, g.partition): g.low - 1 for g in gaps}
     for rec in records:
         key = (rec.topic, rec.partition)
         last[key] = max(rec.offset, last.get(key, -1))

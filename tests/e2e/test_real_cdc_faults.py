@@ -28,7 +28,7 @@ from ragcore.mapping import TableMapping
 from ragcore.plan import PlanConfig
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
-from ragstream.dlq import ReplayReport, commit_after, read_dlq, replay_records
+from ragstream.dlq import ReplayReport, replay_dlq
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from streams.decode import decode_record
@@ -73,27 +73,16 @@ class FaultCdc(Cdc):
     def replay(self) -> ReplayReport:
         """`ragstream dlq replay`, in process (qdrant-edge allows one opener: the worker's)."""
         options = self.worker.settings.decode.options()
-        consumer, records = read_dlq(
+        return replay_dlq(
             KafkaSettings(bootstrap_servers=self.broker.bootstrap_servers),
             self.dlq,
             f"{self.group}-dlq-replay",
-            from_beginning=False,
+            decode=lambda raw: decode_record(raw, options),
+            config=self.plan,
+            handler=self.worker.handler,
+            known_tenants=self.worker.targets.known_tenants,
             idle_s=2.0,
         )
-        try:
-            report = replay_records(
-                records,
-                decode=lambda raw: decode_record(raw, options),
-                config=self.plan,
-                handler=self.worker.handler,
-                known_tenants=self.worker.targets.known_tenants,
-            )
-            if not report.failing:
-                commit_after(consumer, records)
-                report.committed = True
-        finally:
-            consumer.close()
-        return report
 
     def refresh_health(self) -> None:
         self.services.run(self.app.server.refresh_health())

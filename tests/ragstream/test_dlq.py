@@ -4,20 +4,24 @@ become re-reads of the entities they name; what still fails is listed."""
 from __future__ import annotations
 
 import hashlib
+import logging
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
+from ragcore.kafka_config import KafkaSettings
 from ragcore.mapping import TableMapping
 from ragcore.plan import PlanConfig
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
-from ragstream.dlq import original_record, replay_records
+from ragstream.dlq import ReplayReport, original_record, replay_dlq, replay_records
 from schemas.entities import ContentFormat
 from schemas.events import Op, RawRecord
-from streams.consumer import DeadLetter, dlq_headers
+from streams.consumer import DeadLetter, OffsetGap, dlq_headers
 from streams.decode import DecodeOptions, decode_record
 from streams.ingest import Rejection
+from tests.streams.support import MockKafka, Record, committed
 
 TOPIC = "sor.public.tickets"
 #: the mapping before the fix: content from `body`, which the SoR renamed to `description`
@@ -164,3 +168,66 @@ def test_a_record_without_tenant_is_reread_in_every_tenant() -> None:
     report = replay([keyless], FIXED, handler)
     assert sorted(handler.calls) == [("acme", ["tickets:5"]), ("globex", ["tickets:5"])]
     assert report.failing == []
+
+
+def replay_from(
+    kafka: MockKafka, topic: str, group: str, handler: Rereads, *, from_beginning: bool = False
+) -> ReplayReport:
+    options = DecodeOptions()
+    return replay_dlq(
+        KafkaSettings(bootstrap_servers=kafka.bootstrap_servers),
+        topic,
+        group,
+        decode=lambda raw: decode_record(raw, options),
+        config=PlanConfig(tables=(FIXED,)),
+        handler=handler,
+        known_tenants=lambda: ["acme"],
+        from_beginning=from_beginning,
+        idle_s=1.0,
+    )
+
+
+def as_record(raw: RawRecord, pad: int = 0) -> Record:
+    headers = tuple((k, v or b"") for k, v in raw.headers)
+    return Record(raw.key, raw.value, headers + ((("pad", b"x" * pad),) if pad else ()))
+
+
+@pytest.mark.integration
+def test_dead_letters_lost_to_the_dlqs_retention_are_named_and_the_replay_fails_once(
+    mock_kafka: MockKafka, caplog: pytest.LogCaptureFixture
+) -> None:
+    """librdkafka's mock cluster (the only broker here with retention) deletes DLQ records the
+    replay group never read: the replay reads from the log start, names the lost offsets and
+    exits non-zero (`ok` false), instead of jumping silently as `auto.offset.reset=earliest`
+    did. The next replay starts past them and is clean."""
+    topic, group = f"dlq-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:8]
+    mock_kafka.produce(
+        topic, [as_record(dead_letter(n, Op.CREATE, ticket(n), "SCHEMA_DRIFT")) for n in range(4)]
+    )
+    mock_kafka.commit(group, topic, 2)  # a replay read 0..1 earlier
+    filler = as_record(dead_letter(9, Op.CREATE, ticket(9), "SCHEMA_DRIFT"), pad=200_000)
+    low, high = mock_kafka.expire(topic, past=3, filler=filler)
+
+    handler = Rereads()
+    with caplog.at_level(logging.ERROR):
+        report = replay_from(mock_kafka, topic, group, handler)
+    assert report.lost == [OffsetGap(topic, 0, 2, low, high)]
+    assert report.as_dict()["lost_to_retention"] == [
+        f"{topic}[0]: committed offset 2 < low watermark {low}, offsets 2..{low - 1} "
+        f"({low - 2}) lost"
+    ]
+    assert (report.read, report.failing, report.committed, report.ok) == (
+        high - low,
+        [],
+        True,
+        False,
+    )
+    assert handler.calls == [("acme", ["tickets:9"])]  # what retention left: fillers only
+    assert any("ragstream reconcile --repair" in r.getMessage() for r in caplog.records)
+    assert committed(mock_kafka.bootstrap_servers, group, topic, [0]) == {0: high}
+
+    again = replay_from(mock_kafka, topic, group, Rereads())
+    assert (again.read, again.lost, again.ok) == (0, [], True)
+    # from the beginning means from the first record retention kept, which is no gap
+    whole = replay_from(mock_kafka, topic, uuid.uuid4().hex[:8], Rereads(), from_beginning=True)
+    assert (whole.read, whole.lost, whole.ok) == (high - low, [], True)

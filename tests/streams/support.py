@@ -189,12 +189,16 @@ class MockKafka:
 
     def produce(self, topic: str, records: Sequence[bytes | Record], partition: int = 0) -> None:
         """Write `records` (values or keyed records) to one partition, each in its own batch."""
-        for rec in records:
-            key, value = (b"k", rec) if isinstance(rec, bytes) else (rec.key, rec.value)
-            self.producer.produce(topic, key=key, value=value, partition=partition)
+        for item in records:
+            rec = Record(b"k", item) if isinstance(item, bytes) else item
+            self.producer.produce(
+                topic, key=rec.key, value=rec.value, headers=list(rec.headers), partition=partition
+            )
             assert self.producer.flush(10) == 0
 
-    def expire(self, topic: str, past: int, filler: bytes = b"f" * 200_000) -> tuple[int, int]:
+    def expire(
+        self, topic: str, past: int, filler: bytes | Record = b"f" * 200_000
+    ) -> tuple[int, int]:
         """Write `filler` records to partition 0 until retention deleted every offset up to
         `past`; returns the watermarks."""
         while True:
