@@ -305,6 +305,7 @@ def _cmd_dlq(args: argparse.Namespace) -> int:
             known_tenants=worker.targets.known_tenants,
             from_beginning=args.from_beginning,
             idle_s=args.idle_s,
+            high_watermark_slack=settings.consumer.high_watermark_slack,
         )
     finally:
         worker.close()

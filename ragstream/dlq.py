@@ -157,10 +157,12 @@ def read_dlq(
     from_beginning: bool,
     idle_s: float = 3.0,
     limit: int = 100_000,
+    high_watermark_slack: int = 0,
 ) -> tuple[Consumer, list[RawRecord], list[OffsetGap]]:
     """Every DLQ record after the replay group's committed offsets (or all of them), read until
     nothing arrives for `idle_s`, and the gaps: partitions whose committed offset lies outside
-    the log (read from the log start instead). The consumer stays open for `commit`."""
+    the log (read from the log start instead; `high_watermark_slack` as the worker's consumer
+    setting of that name). The consumer stays open for `commit`."""
     consumer = Consumer(
         {
             **kafka.client_config(),
@@ -174,7 +176,7 @@ def read_dlq(
         }
     )
     try:
-        partitions, gaps = _start_positions(consumer, topic, from_beginning)
+        partitions, gaps = _start_positions(consumer, topic, from_beginning, high_watermark_slack)
     except BaseException:
         consumer.close()
         raise
@@ -201,7 +203,7 @@ def read_dlq(
 
 
 def _start_positions(
-    consumer: Consumer, topic: str, from_beginning: bool
+    consumer: Consumer, topic: str, from_beginning: bool, slack: int
 ) -> tuple[list[TopicPartition], list[OffsetGap]]:
     """Where the replay reads each partition of `topic`: its first retained offset when reading
     from the beginning or when the group never committed; else the committed offset, or the
@@ -224,7 +226,7 @@ def _start_positions(
         )
         if marks is None:
             raise RagstreamError(f"the watermarks of {topic}[{tp.partition}] are unknown")
-        gap = offset_gap(topic, tp.partition, tp.offset, *marks)
+        gap = offset_gap(topic, tp.partition, tp.offset, *marks, slack=slack)
         if gap is not None:
             gaps.append(gap)
         starts.append(TopicPartition(topic, tp.partition, tp.offset if gap is None else gap.low))
@@ -242,11 +244,17 @@ def replay_dlq(
     known_tenants: Callable[[], Sequence[str]],
     from_beginning: bool = False,
     idle_s: float = 3.0,
+    high_watermark_slack: int = 0,
 ) -> ReplayReport:
     """`ragstream dlq replay`: read the DLQ (`read_dlq`), replay what it holds
     (`replay_records`) and, when nothing still fails, commit the replay group past it."""
     consumer, records, gaps = read_dlq(
-        kafka, topic, group_id, from_beginning=from_beginning, idle_s=idle_s
+        kafka,
+        topic,
+        group_id,
+        from_beginning=from_beginning,
+        idle_s=idle_s,
+        high_watermark_slack=high_watermark_slack,
     )
     try:
         report = replay_records(

@@ -82,6 +82,8 @@ class FaultCdc(Cdc):
             handler=self.worker.handler,
             known_tenants=self.worker.targets.known_tenants,
             idle_s=2.0,
+            # tansu reports a batch's base offset + 1 as the high watermark (dev stack: the same)
+            high_watermark_slack=1_000,
         )
 
     def refresh_health(self) -> None:
