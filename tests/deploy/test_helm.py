@@ -350,6 +350,70 @@ def test_pod_environment_parses_into_the_settings_classes(
     ]
 
 
+QUOTAS = {
+    "default": {"concurrency": 4, "requests_per_s": 20},
+    "tenants": {"acme": {"concurrency": 16, "burst": 40, "tenant_class": "gold"}},
+}
+
+
+def test_tenant_quotas_reach_retrieve_as_a_reloadable_file(
+    helm: Path, chart: Path, tmp_path: Path
+) -> None:
+    """`retrieve.quotas` becomes a ConfigMap mounted as a directory (kubelet updates it in
+    place, the server reloads it) and RAGSTREAM_ADMISSION__QUOTAS_FILE points at it; the file
+    is what `load_quotas` reads. Without quotas nothing of it is rendered."""
+    from retrieval_api.admission import AdmissionSettings, load_quotas
+
+    values = tmp_path / "quotas.yaml"
+    values.write_text(yaml.safe_dump({"retrieve": {"quotas": QUOTAS}}), encoding="utf-8")
+    result = run_helm(
+        helm, chart, "template", "rs", str(chart), "--namespace", "search", "-f", str(values)
+    )
+    manifests = load_yaml_documents(result.stdout)
+    (configmap,) = [
+        m for m in by_kind(manifests, "ConfigMap") if m["metadata"]["name"] == "rs-ragstream-quotas"
+    ]
+    k8s_validate(configmap, "latest")
+    path = tmp_path / "quotas.json"
+    path.write_text(configmap["data"]["quotas.json"], encoding="utf-8")
+    book = load_quotas(AdmissionSettings(quotas_file=path))
+    assert (book.default.concurrency, book.default.requests_per_s) == (4, 20)
+    assert (book.of("acme").burst, book.of("acme").tenant_class) == (40, "gold")
+
+    deployment = one(manifests, "Deployment", "retrieve")
+    k8s_validate(deployment, "latest")
+    c = container(deployment)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["RAGSTREAM_ADMISSION__QUOTAS_FILE"] == "/etc/ragstream/quotas/quotas.json"
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "quotas"]
+    assert mount == {"name": "quotas", "mountPath": "/etc/ragstream/quotas", "readOnly": True}
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["quotas"]["configMap"] == {"name": "rs-ragstream-quotas"}
+
+    plain = render(helm, chart)
+    assert not [m for m in by_kind(plain, "ConfigMap") if m["metadata"]["name"].endswith("-quotas")]
+    plain_env = {e["name"] for e in container(one(plain, "Deployment", "retrieve"))["env"]}
+    assert "RAGSTREAM_ADMISSION__QUOTAS_FILE" not in plain_env
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"default": {"concurrency": 0}},
+        {"tenants": {"acme": {"rps": 5}}},
+        {"tenants": {"acme": {"tenant_class": "Gold Tier"}}},
+        {"defaults": {}},
+    ],
+)
+def test_values_schema_rejects_invalid_quotas(
+    helm: Path, chart: Path, tmp_path: Path, bad: dict[str, Any]
+) -> None:
+    values = tmp_path / "bad.yaml"
+    values.write_text(yaml.safe_dump({"retrieve": {"quotas": bad}}), encoding="utf-8")
+    result = run_helm(helm, chart, "template", "rs", str(chart), "-f", str(values), check=False)
+    assert result.returncode != 0 and "schema" in result.stderr, (bad, result.stderr)
+
+
 def test_secret_holds_credentials_and_existing_secret_replaces_it(helm: Path, chart: Path) -> None:
     digest = "a" * 64
     result = run_helm(
