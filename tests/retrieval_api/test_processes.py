@@ -151,8 +151,9 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _serve(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int, int]:
-    """`python -m retrieval_api` with two server processes on an empty embedded store."""
+def _serve(tmp_path: Path, **extra: str) -> tuple[subprocess.Popen[bytes], int, int]:
+    """`python -m retrieval_api` with two server processes on an empty embedded store
+    (`extra`: more environment)."""
     sor = tmp_path / "sor.sqlite"
     ddl = (package_dir("schemas") / "sql" / "entities.sqlite.sql").read_text(encoding="utf-8")
     with sqlite3.connect(sor) as conn:
@@ -168,6 +169,7 @@ def _serve(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int, int]:
         "RAGSTREAM_SOR__SQLITE_PATH": str(sor),
         "RAGSTREAM_PUBLISH_ENABLED": "false",
         "RAGSTREAM_AUTH__TOKENS": json.dumps({"acme": hashlib.sha256(b"t").hexdigest()}),
+        **extra,
     }
     parent = subprocess.Popen([sys.executable, "-m", "retrieval_api"], env=env)
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
