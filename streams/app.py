@@ -314,6 +314,9 @@ def build_worker(
                 metrics.schema_drift.labels(exc.table, column).inc()
             raise  # the handler dead-letters it with its code (SCHEMA_DRIFT) and reason
 
+    # a preparer per further model (a reindex to another embedder): each may own an
+    # extraction child process, closed with the worker
+    other_models = [(e, Preparer(e.spec, settings.chunking)) for e in list(models)[1:]]
     handler = IngestHandler(
         decode=decode,
         plan=plan,
@@ -329,7 +332,7 @@ def build_worker(
             m.label: m.event_date_field for m in catalog if m.event_date_field is not None
         },
         reindex_topic=settings.consumer.reindex_topic,
-        other_models=[(e, Preparer(e.spec, settings.chunking)) for e in list(models)[1:]],
+        other_models=other_models,
     )
     own_tracing = tracing or Tracing.from_env("ragstream-ingest")
     # every mapped column exported at 0 from the start: `increase()` sees the first drift
@@ -376,7 +379,11 @@ def build_worker(
         liveness=liveness,
         slots=SlotWatch(metrics, sor) if isinstance(sor, SlotSource) else None,
         offset_gaps=offset_gaps,
-        owned=(*core.owned, *([own_tracing] if tracing is None else [])),
+        owned=(
+            *core.owned,
+            *(p for _, p in other_models),
+            *([own_tracing] if tracing is None else []),
+        ),
     )
 
 

@@ -113,6 +113,11 @@ class IngestHandler:
         self._lock = threading.Lock()
         self._observers: list[BatchObserver] = []
 
+    @property
+    def models(self) -> Mapping[str, tuple[Embedder, EntityPreparer]]:
+        """model version -> (embedder, preparer) of every model this handler writes with."""
+        return self._stages.models
+
     def observe(self, observer: BatchObserver) -> None:
         """Call `observer` after each batch of records whose writes were acknowledged."""
         self._observers.append(observer)

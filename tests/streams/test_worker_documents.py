@@ -4,6 +4,8 @@ same batch go to the DLQ under their reasons without holding anything back."""
 
 from __future__ import annotations
 
+import base64
+import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from ragcore.kafka_config import KafkaSettings
 from ragcore.mapping import TableMapping
 from ragcore.plan import PlanConfig
+from ragcore.prepare import Preparer
 from ragcore.settings import StoreSettings
 from ragcore.store.base import StoreFilter
 from ragcore.store.edge import EdgeStore
@@ -22,10 +25,12 @@ from ragdev.docgen import docx_bytes, encrypted_pdf_bytes, pdf_bytes
 from ragdev.sample_documents import DOCUMENTS_TABLE
 from ragdev.services.tansu import TansuBroker
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
+from schemas.entities import ContentFormat
 from schemas.events import Op
 from streams.app import IngestWorker, build_worker
 from streams.settings import IngestSettings
 from tests.streams.support import (
+    HASH_SPEC,
     HashEmbedder,
     Record,
     create_topics,
@@ -143,3 +148,54 @@ def test_documents_are_indexed_with_locators_and_bad_files_go_to_the_dlq(
     page3 = next(p for p in points if p.payload["locator"].get("page") == 3)
     assert "SK-9" in page3.payload["text"]
     assert page3.payload["locator"]["document"] == "p100-datasheet.pdf"
+
+
+def _extraction_children() -> set[int]:
+    """Pids of this process's document-extraction children (`ragcore.documents.child`)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # exited meanwhile
+        if parent == os.getpid() and b"ragcore.documents.child" in cmdline:
+            found.add(int(entry.name))
+    return found
+
+
+def test_closing_the_worker_stops_the_extraction_child_of_a_further_models_preparer(
+    tmp_path: Path,
+) -> None:
+    """During a reindex to another embedder, documents are also extracted for that model by
+    its own preparer; closing the worker stops that child too (no broker is needed: the
+    worker is built, not run)."""
+    topic = "sor.public.documents.close"
+    settings = IngestSettings(
+        kafka=KafkaSettings(bootstrap_servers="127.0.0.1:9"),
+        consumer=fast_consumer("ragstream.dlq.close", "close", topic),
+        store=StoreSettings(data_dir=tmp_path / "store"),
+        embedding_cache=None,
+        plan=PlanConfig(tables=(documents_table(topic),)),
+    )
+    other = HashEmbedder(HASH_SPEC.model_copy(update={"name": "hash-next"}))
+    worker = build_worker(
+        settings,
+        CollectorRegistry(),
+        store=EdgeStore(settings.store.data_dir),
+        embedder=HashEmbedder(),
+        next_embedder=other,
+    )
+    before = _extraction_children()
+    try:
+        _, preparer = worker.handler.models[other.spec.model_version]
+        assert isinstance(preparer, Preparer)
+        text = preparer.normalized(base64.b64encode(DATASHEET).decode(), ContentFormat.PDF).text
+        assert "Seal kit SK-9" in text
+        started = _extraction_children() - before
+        assert len(started) == 1
+    finally:
+        worker.close()
+    assert not started & _extraction_children()
