@@ -12,7 +12,8 @@
    score: `RankingChoice`).
 
 The calibration of an index version is read from the registry (`IndexRegistry.load_calibration`)
-and kept for `calibration_reload_s`; a version that was never calibrated is scored with the
+and kept for `calibration_reload_s` (an expired one keeps serving while one background thread
+reloads it); a version that was never calibrated is scored with the
 built-in prior model (`retrieval_api.prior`) over lexical statistics counted from the index
 itself, and the pack says so (`calibration.source = "prior"`).
 """
@@ -28,7 +29,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import NDArray
 
-from ragcore.errors import ManifestMismatchError
+from ragcore.errors import ManifestMismatchError, RagstreamError
 from ragcore.fusion import FusedHit
 from ragcore.sparse import Bm25Encoder, Bm25Scorer, LexicalQuery, LexiconStats
 from ragcore.store.base import ScoredHit, StoreFilter, VectorStore
@@ -166,6 +167,10 @@ class CandidateSearch:
         self._monotonic = monotonic
         self._cache: dict[str, _Cached] = {}
         self._loading: dict[str, threading.Lock] = {}
+        #: collections whose expired entry is being reloaded in the background
+        self._refreshing: set[str] = set()
+        #: bumped by `forget`: a load that began before it is not cached
+        self._generation: dict[str, int] = {}
         self._lock = threading.Lock()
 
     # --- calibration ------------------------------------------------------------------------
@@ -173,36 +178,75 @@ class CandidateSearch:
     def calibration(self, index: ResolvedIndex) -> EvidenceCalibration:
         """The index version's calibration (cached), or the prior over its own statistics.
 
-        One load per collection at a time: concurrent requests for a collection whose entry
-        is missing or expired wait for the one load in flight (the prior scans every chunk
-        text of the index; a burst of cold requests each scanning it missed their deadlines).
+        One load per collection at a time: concurrent requests for a collection that has no
+        entry wait for the one load in flight (the prior scans every chunk text of the index;
+        a burst of cold requests each scanning it missed their deadlines). An expired entry
+        is served while one background thread loads its successor: a request never waits for
+        a reload (at 100k chunks the prior's rescan takes tens of seconds).
         """
+        collection = index.collection
         with self._lock:
-            cached = self._fresh(index.collection)
+            cached = self._cache.get(collection)
             if cached is not None:
-                return cached
-            loading = self._loading.setdefault(index.collection, threading.Lock())
+                if self._monotonic() - cached.loaded_at >= cached.ttl:
+                    self._refresh_in_background(index)
+                return cached.calibration
+            loading = self._loading.setdefault(collection, threading.Lock())
         with loading:
             with self._lock:
-                cached = self._fresh(index.collection)  # loaded while this one waited
+                cached = self._cache.get(collection)  # loaded while this one waited
+                generation = self._generation.get(collection, 0)
             if cached is not None:
-                return cached
+                return cached.calibration
             now = self._monotonic()
             calibration, ttl = self._load(index)
-            with self._lock:
-                self._cache[index.collection] = _Cached(calibration, now, ttl)
+            self._keep(collection, generation, _Cached(calibration, now, ttl))
             return calibration
 
-    def _fresh(self, collection: str) -> EvidenceCalibration | None:
-        cached = self._cache.get(collection)
-        if cached is not None and self._monotonic() - cached.loaded_at < cached.ttl:
-            return cached.calibration
-        return None
+    def _refresh_in_background(self, index: ResolvedIndex) -> None:
+        """Start the one reload of an expired entry (the caller holds `_lock`)."""
+        if index.collection in self._refreshing:
+            return
+        self._refreshing.add(index.collection)
+        generation = self._generation.get(index.collection, 0)
+        threading.Thread(
+            target=self._refresh,
+            args=(index, generation),
+            name=f"calibration-{index.collection}",
+            daemon=True,
+        ).start()
+
+    def _refresh(self, index: ResolvedIndex, generation: int) -> None:
+        collection = index.collection
+        try:
+            now = self._monotonic()
+            calibration, ttl = self._load(index)
+        except RagstreamError as exc:
+            # Dropped, not kept: the next request loads it in the foreground, and a calibration
+            # that became unusable fails that request with its reason instead of hiding.
+            log.warning("reloading the calibration of %s failed: %s", collection, exc)
+            with self._lock:
+                if self._generation.get(collection, 0) == generation:
+                    self._cache.pop(collection, None)
+        else:
+            self._keep(collection, generation, _Cached(calibration, now, ttl))
+        finally:
+            with self._lock:
+                self._refreshing.discard(collection)
+
+    def _keep(self, collection: str, generation: int, entry: _Cached) -> None:
+        """Cache `entry` unless the collection was forgotten since its load began (it would be
+        older than what `forget` asked for)."""
+        with self._lock:
+            if self._generation.get(collection, 0) == generation:
+                self._cache[collection] = entry
 
     def forget(self, collection: str) -> None:
-        """Drop a cached calibration (e.g. right after `save_calibration`)."""
+        """Drop a cached calibration (e.g. right after `save_calibration`); a load in flight
+        does not bring the old one back."""
         with self._lock:
             self._cache.pop(collection, None)
+            self._generation[collection] = self._generation.get(collection, 0) + 1
 
     def _load(self, index: ResolvedIndex) -> tuple[EvidenceCalibration, float]:
         text = self._registry.load_calibration(index.tenant, index.version)

@@ -4,6 +4,7 @@ reproducible, used by Retrieve; and the dev stack's showcase identifier query th
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ from ragcore.store.registry import FileIndexRegistry, ResolvedIndex
 from ragdev.eval.configs import DEFAULT_CONFIGS
 from ragdev.eval.runner import _records, run_eval
 from retrieval_api.calibration import CalibrationSettings, calibrate_version, fit_calibration
-from retrieval_api.candidates import CandidateSearch
+from retrieval_api.candidates import CalibrationMismatchError, CandidateSearch
 from retrieval_api.evidence_score import EvidenceCalibration
 from retrieval_api.pipeline_settings import RetrievalConfig
 from retrieval_api.selfsupervised import NEGATIVE_MIX
@@ -221,3 +222,125 @@ def test_a_burst_of_cold_requests_loads_a_calibration_once(
     search.forget(resolved.collection)
     search.calibration(resolved)
     assert len(loads) == 2  # forgetting still forces a reload
+
+
+def test_an_expired_calibration_is_served_while_one_background_load_replaces_it(
+    index: tuple[EdgeStore, FileIndexRegistry, ResolvedIndex], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prior of a never-calibrated index recounts the index's words every 300 s; at 100k
+    chunks a recount took tens of seconds, and every request that found the entry expired
+    waited for it. Now an expired entry is served and one background thread reloads it."""
+    store, registry, resolved = index
+    clock = [0.0]
+    search = CandidateSearch(
+        config=RetrievalConfig(),
+        encoder=Bm25Encoder(),
+        store=store,
+        registry=registry,
+        monotonic=lambda: clock[0],
+    )
+    first = search.calibration(resolved)
+    assert first.source == "prior"
+    loading, release = threading.Event(), threading.Event()
+    loads: list[int] = []
+    real = registry.load_calibration
+
+    def slow(tenant: str, version: int) -> str | None:
+        loads.append(version)
+        loading.set()
+        assert release.wait(30)
+        return real(tenant, version)
+
+    monkeypatch.setattr(registry, "load_calibration", slow)
+    clock[0] = 301.0  # past the prior's TTL
+    with ThreadPoolExecutor(8) as pool:
+        served = list(pool.map(lambda _: search.calibration(resolved), range(8)))
+    assert loading.wait(10)
+    # every request got the expired entry at once, and only one reload is in flight
+    assert {id(c) for c in served} == {id(first)} and loads == [resolved.version]
+    release.set()
+    deadline = time.monotonic() + 30
+    while search.calibration(resolved) is first:
+        assert time.monotonic() < deadline, "the background reload never landed"
+        time.sleep(0.01)
+    assert loads == [resolved.version]
+
+
+def test_a_reload_that_fails_drops_the_entry_so_the_next_request_fails_loudly(
+    index: tuple[EdgeStore, FileIndexRegistry, ResolvedIndex], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, registry, resolved = index
+    clock = [0.0]
+    search = CandidateSearch(
+        config=RetrievalConfig(),
+        encoder=Bm25Encoder(),
+        store=store,
+        registry=registry,
+        monotonic=lambda: clock[0],
+    )
+    first = search.calibration(resolved)
+    failed = threading.Event()
+
+    def unusable(tenant: str, version: int) -> str | None:
+        failed.set()
+        return "{not json"
+
+    monkeypatch.setattr(registry, "load_calibration", unusable)
+    clock[0] = 301.0
+    assert search.calibration(resolved) is first  # served while the reload runs
+    assert failed.wait(10)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            got = search.calibration(resolved)
+        except CalibrationMismatchError as exc:
+            assert "unusable" in str(exc)
+            break
+        assert got is first
+        assert time.monotonic() < deadline, "the failed reload was never surfaced"
+        time.sleep(0.01)
+
+
+def test_a_load_that_began_before_forget_is_not_cached(
+    index: tuple[EdgeStore, FileIndexRegistry, ResolvedIndex], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`calibrate` saves a new calibration and forgets the cached one: a reload already in
+    flight (which read the old one) must not put the old one back."""
+    store, registry, resolved = index
+    clock = [0.0]
+    search = CandidateSearch(
+        config=RetrievalConfig(),
+        encoder=Bm25Encoder(),
+        store=store,
+        registry=registry,
+        monotonic=lambda: clock[0],
+    )
+    first = search.calibration(resolved)
+    loading, release = threading.Event(), threading.Event()
+    real = registry.load_calibration
+
+    def slow(tenant: str, version: int) -> str | None:
+        loading.set()
+        assert release.wait(30)
+        return real(tenant, version)
+
+    monkeypatch.setattr(registry, "load_calibration", slow)
+    clock[0] = 301.0
+    assert search.calibration(resolved) is first
+    assert loading.wait(10)
+    search.forget(resolved.collection)
+    after: list[int] = []
+
+    def counted(tenant: str, version: int) -> str | None:
+        after.append(version)
+        return real(tenant, version)
+
+    monkeypatch.setattr(registry, "load_calibration", counted)
+    release.set()
+    deadline = time.monotonic() + 30
+    while any(t.name == f"calibration-{resolved.collection}" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the reload never finished"
+        time.sleep(0.01)
+    # the stale reload was discarded: the next request loads anew
+    assert search.calibration(resolved) is not first
+    assert after == [resolved.version]
