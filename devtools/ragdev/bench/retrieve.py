@@ -54,7 +54,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -62,6 +62,7 @@ from prometheus_client import CollectorRegistry
 
 from ragcore.embedders.base import Embedder
 from ragcore.embedders.local_onnx import MINILM_SPEC, LocalEmbedderConfig, LocalOnnxEmbedder
+from ragcore.embedders.spec import EmbeddingSpec
 from ragcore.errors import ConfigError, RagstreamError
 from ragcore.mapping import TableCatalog, TableMapping
 from ragcore.normalize import content_sha256
@@ -89,6 +90,10 @@ from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from schemas.entities import Entity, EntityVersion
 
 __all__ = ["GOAL_P95_MS", "run", "server_settings"]
+
+
+#: The local embedder's executions (`LocalEmbedderConfig.execution`).
+Execution = Literal["float", "int8"]
 
 log = logging.getLogger(__name__)
 
@@ -252,9 +257,16 @@ class _Built:
 class _Builder:
     """Generates entities (1-3 chunks each) and their points and SoR rows."""
 
-    def __init__(self, prose: _Prose, rng: np.random.Generator, tenant: str = TENANT) -> None:
+    def __init__(
+        self,
+        prose: _Prose,
+        rng: np.random.Generator,
+        tenant: str = TENANT,
+        spec: EmbeddingSpec = MINILM_SPEC,
+    ) -> None:
         self.prose = prose
         self.tenant = tenant
+        self.spec = spec
         self.rng = rng
         self.sparse = Bm25Encoder()
         self.clock = datetime(2026, 1, 1, tzinfo=UTC)
@@ -306,7 +318,7 @@ class _Builder:
             content_format="text",
             created_at=updated,
             updated_at=updated,
-            spec=MINILM_SPEC,
+            spec=self.spec,
             index_version=version,
             indexed_at=updated,
             event_date=updated,
@@ -367,9 +379,9 @@ def _build(
 
     registry = FileIndexRegistry(root / "store", store)
     manifest = registry.create_version(
-        TENANT, MINILM_SPEC, sparse_encoder=Bm25Encoder().model_version
+        TENANT, embedder.spec, sparse_encoder=Bm25Encoder().model_version
     )
-    builder = _Builder(prose, rng)
+    builder = _Builder(prose, rng, spec=embedder.spec)
     sor = _create_sor(root / "sor.sqlite")
     generate_s = upsert_s = sor_s = 0.0
     made = entities = 0
@@ -812,9 +824,13 @@ def _add_limits(results: list[dict[str, Any]]) -> None:
 # --- the run ---------------------------------------------------------------------------------
 
 
-def server_settings(root: Path, plan: PlanConfig) -> RetrieveSettings:
-    """The settings of the benchmark's Retrieve servers over the run directory `root`."""
+def server_settings(
+    root: Path, plan: PlanConfig, execution: Execution = "float"
+) -> RetrieveSettings:
+    """The settings of the benchmark's Retrieve servers over the run directory `root`, with
+    the local embedder's `execution`."""
     return RetrieveSettings(
+        embedder=LocalEmbedderConfig(execution=execution),
         grpc=GrpcSettings(port=0),
         auth=AuthSettings(tokens={TENANT: hashlib.sha256(TOKEN.encode()).hexdigest()}),
         # one tenant, up to 8 connections per process at the warm-up: no per-tenant limit
@@ -836,9 +852,11 @@ def run(
     data_dir: Path | None = None,
     seed: int = 0,
     processes: Sequence[int] | None = None,
+    execution: Execution = "float",
 ) -> dict[str, Any]:
     """Build the index and the SoR, run both variants at each concurrency with each number
-    of server processes (default: 1 and the machine's cores); a JSON-able report.
+    of server processes (default: 1 and the machine's cores); a JSON-able report. The local
+    embedder runs with `execution` (index and queries alike: it is the index's model).
 
     `data_dir` receives the store, the registry and the SoR (a temporary directory, removed
     afterwards, when None; otherwise it must not hold a previous run).
@@ -855,10 +873,10 @@ def run(
         plan = PlanConfig()
         store = EdgeStore(root / "store", schema=payload_schema(plan))
         stack.callback(store.close)
-        embedder_config = LocalEmbedderConfig()
+        embedder_config = LocalEmbedderConfig(execution=execution)
         embedder = LocalOnnxEmbedder(embedder_config)
         stack.callback(embedder.close)
-        if embedder.spec != MINILM_SPEC:
+        if embedder.spec != embedder_config.effective_spec:
             raise ConfigError(f"the local embedder is {embedder.spec.model_version}, not MiniLM")
 
         built = _build(root, store, embedder, points=points, n_sentences=n_sentences, rng=rng)
@@ -866,7 +884,7 @@ def run(
         levels = list(dict.fromkeys(concurrency))
         measured = {level: _questions(built.prose, queries, rng) for level in levels}
 
-        settings = server_settings(root, plan)
+        settings = server_settings(root, plan, execution)
         # the servers' own query embedder, configured as a Retrieve server configures it
         query_embedder = LocalOnnxEmbedder(_local(serving_settings(settings)))
         stack.callback(query_embedder.close)
@@ -989,7 +1007,8 @@ def run(
                 "payload's source_hash (verdicts OK)"
             ),
             "query_embedding": (
-                f"real local ONNX embedder in the server ({MINILM_SPEC.model_version}, "
+                "real local ONNX embedder in the server "
+                f"({embedder_config.effective_spec.model_version}, "
                 "intra-op threads "
                 f"{_local(serving_settings(settings)).intra_op_threads or 'onnxruntime default'}; "
                 "the index's sentences embedded with "
@@ -1065,6 +1084,13 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         default=None,
         help="server process counts to measure side by side (default: 1 and the cores)",
     )
+    parser.add_argument(
+        "--embedder-execution",
+        choices=("float", "int8"),
+        default="float",
+        help="the local embedder's execution, for the index and the queries "
+        "(RAGSTREAM_EMBEDDER__EXECUTION)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -1075,6 +1101,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         concurrency=tuple(flat(args.concurrency)),
         data_dir=args.data_dir,
         processes=tuple(flat(args.processes)) if args.processes else None,
+        execution=args.embedder_execution,
     )
     return emit(report)
 
