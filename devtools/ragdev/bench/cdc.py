@@ -70,6 +70,7 @@ from ragcore.kafka_config import KafkaSettings
 from ragcore.resources import package_dir
 from ragcore.settings import SorSettings, StoreSettings
 from ragcore.store.edge import EdgeStore
+from ragcore.tokenizers import load_token_counter
 from ragdev.bench.machine import emit, machine_info, percentiles
 from ragdev.services.debezium import DebeziumConnect, PostgresSource, production_config
 from ragdev.services.postgres import PostgresCluster
@@ -102,6 +103,20 @@ WORDS = [
 def _sentence(rng: random.Random, n: int) -> str:
     words = [rng.choice(WORDS) for _ in range(rng.randint(8, 16))]
     return f"Row {n}: " + " ".join(words).capitalize() + "."
+
+
+def _row_text(key: str, n: int, rng: random.Random) -> str:
+    """The content of a snapshot row and of a steady change alike: the capacity goal compares
+    the two rates, so their rows must cost the same to embed (the change's token, which the
+    Retrieve sample asks for, made steady rows ~1.5x the snapshot's tokens when only they
+    carried it)."""
+    return f"Change {n} carries token {key}. {_sentence(rng, n)}"
+
+
+def _mean_tokens(embedder: Embedder, texts: Sequence[str]) -> float:
+    """Mean tokens per text by the embedder's own tokenizer (what its compute scales with)."""
+    counter = load_token_counter(embedder.spec.tokenizer)
+    return round(statistics.fmean(counter.count(t) for t in texts), 1) if texts else 0.0
 
 
 def _percentiles(values: Sequence[float]) -> dict[str, float]:
@@ -460,14 +475,16 @@ def _steady(
     began = time.monotonic()
     committed: dict[str, float] = {}
     sampled: list[str] = []
+    texts: list[str] = []
     interval = 1.0 / rate
     with psycopg.connect(dsn, autocommit=True) as conn:
         next_at = time.monotonic()
         for n in range(changes):
             key = f"{label}-{n:05d}"
+            texts.append(_row_text(key, n, rng))
             conn.execute(
                 "INSERT INTO entities (id, company_id, content) VALUES (%s, %s, %s)",
-                (key, TENANTS[0], f"Change {n} carries token {key}. {_sentence(rng, n)}"),
+                (key, TENANTS[0], texts[-1]),
             )
             committed[key] = time.time()
             if n % sample_every == 0:
@@ -507,6 +524,7 @@ def _steady(
     return {
         "rate_per_s": round(rate, 1),
         "changes": changes,
+        "tokens_per_change": _mean_tokens(worker.embedder, texts),
         "committed_per_s": round((changes - 1) / max(last - first, 1e-6), 1),
         "commit_to_acknowledged_s": _percentiles(to_ack),
         "source_ts_to_acknowledged_s": _percentiles(source_to_ack),
@@ -637,7 +655,7 @@ def run(
         broker = stack.enter_context(TansuBroker())
         with psycopg.connect(pg.dsn, autocommit=True) as conn:
             conn.execute((package_dir("schemas") / "sql" / "entities.postgres.sql").read_bytes())
-            texts = [_sentence(rng, n) for n in range(snapshot_rows)]
+            texts = [_row_text(f"snap-{n:06d}", n, rng) for n in range(snapshot_rows)]
             with conn.cursor().copy("COPY entities (id, company_id, content) FROM STDIN") as copy:
                 for n, text in enumerate(texts):
                     copy.write_row((f"snap-{n:06d}", TENANTS[n % 2], text))
@@ -783,6 +801,7 @@ def run(
         "measured": {
             "snapshot": {
                 "rows": snapshot_rows,
+                "tokens_per_row": _mean_tokens(embedder, texts),
                 "spawn_to_connector_running_s": round(running, 2),
                 "spawn_to_all_indexed_s": round(snapshot_s, 2),
                 "end_to_end_rows_per_s": round(snapshot_rate, 1),
