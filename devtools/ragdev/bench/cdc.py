@@ -71,7 +71,7 @@ from ragcore.resources import package_dir
 from ragcore.settings import SorSettings, StoreSettings
 from ragcore.store.edge import EdgeStore
 from ragcore.tokenizers import load_token_counter
-from ragdev.bench.machine import emit, machine_info, percentiles
+from ragdev.bench.machine import emit, machine_info, percentiles, unwind_on_signals
 from ragdev.services.debezium import DebeziumConnect, PostgresSource, production_config
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
@@ -927,19 +927,20 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         help="the worker's RAGSTREAM_CONSUMER__CATCH_UP_WAIT_MS (default: as shipped)",
     )
     args = parser.parse_args(argv)
-    report = run(
-        changes=args.changes,
-        rate=args.rate,
-        snapshot_rows=args.snapshot_rows,
-        poll_interval_ms=args.poll_interval_ms,
-        bulk_rows=args.bulk_rows,
-        bulk_probe_rate=args.bulk_probe_rate,
-        capacity=args.capacity,
-        step_seconds=args.step_seconds,
-        sample_rate=args.sample_rate,
-        probe_rate=args.probe_rate,
-        catch_up_wait_ms=args.catch_up_wait_ms,
-    )
+    with unwind_on_signals():
+        report = run(
+            changes=args.changes,
+            rate=args.rate,
+            snapshot_rows=args.snapshot_rows,
+            poll_interval_ms=args.poll_interval_ms,
+            bulk_rows=args.bulk_rows,
+            bulk_probe_rate=args.bulk_probe_rate,
+            capacity=args.capacity,
+            step_seconds=args.step_seconds,
+            sample_rate=args.sample_rate,
+            probe_rate=args.probe_rate,
+            catch_up_wait_ms=args.catch_up_wait_ms,
+        )
     return emit(report)
 
 
