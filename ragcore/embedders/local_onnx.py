@@ -317,7 +317,7 @@ class LocalOnnxEmbedder:
             return empty_vectors(self._spec)
         if self._single is not None and len(texts) <= self._config.small_batch_texts:
             # a few texts gain little from the pool's threads and pay their hand-offs
-            # (docs/decisions/kafka-client-and-consumer-loop.md)
+            # (docs/decisions/cpu-on-the-hot-paths.md)
             session = self._single
         encodings: list[Encoding] = self._tokenizer.encode_batch(texts)
         # Stable sort by length: similar lengths share a batch, so little padding is computed.
