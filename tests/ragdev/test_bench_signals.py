@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.processes import alive
 
 pytestmark = [pytest.mark.unit]
 
@@ -40,16 +41,6 @@ BENCH = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie awaiting its (gone) parent's wait is not running
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_the_services_started(signum: int) -> None:
     bench = subprocess.Popen(
@@ -64,7 +55,7 @@ def test_a_signal_stops_the_services_started(signum: int) -> None:
     )
     assert bench.stdout is not None
     service = int(bench.stdout.readline())
-    assert _alive(service)
+    assert alive(service)
     bench.send_signal(signum)
     time.sleep(0.1)
     bench.send_signal(signum)  # a second one while the service stops is ignored
@@ -73,6 +64,6 @@ def test_a_signal_stops_the_services_started(signum: int) -> None:
     assert "KeyboardInterrupt" in err and "stopping the services" in err
     assert bench.returncode != 0
     deadline = time.monotonic() + 5
-    while _alive(service) and time.monotonic() < deadline:
+    while alive(service) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(service)
+    assert not alive(service)
