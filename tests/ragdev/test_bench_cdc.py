@@ -58,7 +58,15 @@ def test_bench_cdc_prints_one_json_report_of_freshness_and_snapshot() -> None:
     per_batch = freshness["handle_ms_per_batch"]
     assert per_batch["handle"] >= per_batch["embed"] > 0
     assert freshness["cores_used"]["debezium (Kafka Connect JVM)"] > 0
-    assert snapshot["bench_process_cpu_ms_per_row"] > 0
+    assert snapshot["bench_process_cpu_ms_per_row"] >= snapshot["worker_cpu_ms_per_row"] > 0
+    # like with like: the snapshot's rows and the steady changes have the same text form
+    assert abs(freshness["tokens_per_change"] - snapshot["tokens_per_row"]) < 3
+    cpu = freshness["cpu_ms_per_change"]
+    assert (
+        cpu["bench process (worker + Retrieve + prober)"]
+        > cpu["worker (bench process minus the bench's threads)"]
+        > 0
+    )
     assert freshness["cpu_bound_rate_vs_snapshot"] > 0
     assert report["configuration"]["debezium"]["poll.interval.ms"] == 100  # the shipped value
     goal = report["goals"]["freshness_p95_s"]

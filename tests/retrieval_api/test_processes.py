@@ -32,6 +32,7 @@ from ragdev.services.postgres import PostgresCluster
 from retrieval_api.processes import RetrieveProcesses
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
+from tests.processes import alive
 from tests.retrieval_api.stack import Stack, bearer
 from tests.retrieval_api.test_grpc_server import PUMP, REFUND, VPN
 from tests.streams.support import eid
@@ -143,14 +144,6 @@ def _children_of(pid: int) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def _serve(tmp_path: Path, **extra: str) -> tuple[subprocess.Popen[bytes], int, int]:
     """`python -m retrieval_api` with two server processes on an empty embedded store
     (`extra`: more environment)."""
@@ -199,7 +192,7 @@ def test_the_entry_point_serves_in_processes_and_stops_them_all_on_sigterm(
         assert b'grpc_server_started_total{grpc_method="Check"' in text
         parent.send_signal(signal.SIGTERM)
         assert parent.wait(60) == 0
-        assert not any(_alive(c) for c in children)
+        assert not any(alive(c) for c in children)
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -213,6 +206,6 @@ def test_server_processes_do_not_outlive_a_killed_parent(tmp_path: Path) -> None
     parent.kill()  # no chance to stop them: their stdin pipe closes with it
     parent.wait()
     deadline = time.monotonic() + 30
-    while any(_alive(c) for c in children):
+    while any(alive(c) for c in children):
         assert time.monotonic() < deadline, "server processes outlived their parent"
         time.sleep(0.2)

@@ -70,7 +70,8 @@ from ragcore.kafka_config import KafkaSettings
 from ragcore.resources import package_dir
 from ragcore.settings import SorSettings, StoreSettings
 from ragcore.store.edge import EdgeStore
-from ragdev.bench.machine import emit, machine_info, percentiles
+from ragcore.tokenizers import load_token_counter
+from ragdev.bench.machine import emit, machine_info, percentiles, unwind_on_signals
 from ragdev.services.debezium import DebeziumConnect, PostgresSource, production_config
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
@@ -102,6 +103,20 @@ WORDS = [
 def _sentence(rng: random.Random, n: int) -> str:
     words = [rng.choice(WORDS) for _ in range(rng.randint(8, 16))]
     return f"Row {n}: " + " ".join(words).capitalize() + "."
+
+
+def _row_text(key: str, n: int, rng: random.Random) -> str:
+    """The content of a snapshot row and of a steady change alike: the capacity goal compares
+    the two rates, so their rows must cost the same to embed (the change's token, which the
+    Retrieve sample asks for, made steady rows ~1.5x the snapshot's tokens when only they
+    carried it)."""
+    return f"Change {n} carries token {key}. {_sentence(rng, n)}"
+
+
+def _mean_tokens(embedder: Embedder, texts: Sequence[str]) -> float:
+    """Mean tokens per text by the embedder's own tokenizer (what its compute scales with)."""
+    counter = load_token_counter(embedder.spec.tokenizer)
+    return round(statistics.fmean(counter.count(t) for t in texts), 1) if texts else 0.0
 
 
 def _percentiles(values: Sequence[float]) -> dict[str, float]:
@@ -277,6 +292,7 @@ class Prober:
 
 _TICK = os.sysconf("SC_CLK_TCK")
 _BENCH = "bench process (worker + Retrieve + prober)"
+_WORKER = "worker (bench process minus the bench's threads)"
 
 
 def _proc_cpu(pid: int | None, *, children: bool = False) -> float:
@@ -304,10 +320,28 @@ def _proc_cpu(pid: int | None, *, children: bool = False) -> float:
     return total
 
 
-def _cpu_now(pids: Mapping[str, int | None]) -> dict[str, float]:
-    """CPU seconds so far of this process (worker, Retrieve, bench) and of each service."""
+def _thread_cpu(native_id: int) -> float:
+    """CPU seconds (user + system) a thread of this process used so far; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _cpu_now(pids: Mapping[str, int | None], worker: threading.Thread) -> dict[str, float]:
+    """CPU seconds so far of this process (worker, Retrieve, bench), of the worker alone
+    (the process minus the bench's own Python threads: the INSERT loop, the side consumer,
+    the prober and the Retrieve server; the onnxruntime pool's and librdkafka's native
+    threads count as the worker's) and of each service."""
     times = os.times()
-    out = {_BENCH: times.user + times.system}
+    process = times.user + times.system
+    own = sum(
+        _thread_cpu(t.native_id)
+        for t in threading.enumerate()
+        if t is not worker and t.native_id is not None
+    )
+    out = {_BENCH: process, _WORKER: process - own}
     for name, pid in pids.items():
         out[name] = _proc_cpu(pid, children=name == "postgres")
     return out
@@ -365,9 +399,11 @@ LEGEND = {
     "plan; write = store upserts/deletes; commit = the offset commit after the ack); handle "
     "minus the stages is the untimed rest (decide: indexed-state reads)",
     "cores_used": "CPU seconds per second of each process during the step",
-    "cpu_ms_per_change": "cores_used / rate: CPU per change of each process",
-    "cpu_bound_rate_vs_snapshot": "the snapshot's CPU per row in the bench process over the "
-    "step's CPU per change there: the fraction of the snapshot's rows/s the step's CPU cost "
+    "cpu_ms_per_change": "CPU seconds of each process during the step (until its last change "
+    "was acknowledged) / its changes; the worker's: the bench process minus its own Python "
+    "threads (INSERT loop, side consumer, prober, Retrieve server)",
+    "cpu_bound_rate_vs_snapshot": "the snapshot's CPU per row of the worker over the step's "
+    "CPU per change of the worker: the fraction of the snapshot's rows/s the step's CPU cost "
     "allows on the same CPU share (the rate the worker could sustain if CPU-bound; unlike the "
     "wall-clock rates, the other processes on the machine hardly move it)",
 }
@@ -441,6 +477,7 @@ def _steady(
     dsn: str,
     worker: IngestWorker,
     *,
+    worker_thread: threading.Thread,
     acks: Acks,
     prober: Prober,
     side: SideConsumer,
@@ -456,18 +493,20 @@ def _steady(
     before_stages = _stage_totals(worker)
     batches_before = _batches(worker)
     calls_before = prober.calls
-    cpu_before = _cpu_now(pids)
+    cpu_before = _cpu_now(pids, worker_thread)
     began = time.monotonic()
     committed: dict[str, float] = {}
     sampled: list[str] = []
+    texts: list[str] = []
     interval = 1.0 / rate
     with psycopg.connect(dsn, autocommit=True) as conn:
         next_at = time.monotonic()
         for n in range(changes):
             key = f"{label}-{n:05d}"
+            texts.append(_row_text(key, n, rng))
             conn.execute(
                 "INSERT INTO entities (id, company_id, content) VALUES (%s, %s, %s)",
-                (key, TENANTS[0], f"Change {n} carries token {key}. {_sentence(rng, n)}"),
+                (key, TENANTS[0], texts[-1]),
             )
             committed[key] = time.time()
             if n % sample_every == 0:
@@ -483,7 +522,8 @@ def _steady(
             raise ConfigError(f"{missing} of {changes} changes were never written ({label})")
         time.sleep(0.05)
     elapsed = time.monotonic() - began
-    cpu = _cpu_per_s(cpu_before, _cpu_now(pids), elapsed)
+    cpu_after = _cpu_now(pids, worker_thread)
+    cpu = _cpu_per_s(cpu_before, cpu_after, elapsed)
     batches = _batches(worker) - batches_before
     stage_ms = _stage_split(worker, before_stages, batches)
     prober.drain(120)
@@ -507,6 +547,7 @@ def _steady(
     return {
         "rate_per_s": round(rate, 1),
         "changes": changes,
+        "tokens_per_change": _mean_tokens(worker.embedder, texts),
         "committed_per_s": round((changes - 1) / max(last - first, 1e-6), 1),
         "commit_to_acknowledged_s": _percentiles(to_ack),
         "source_ts_to_acknowledged_s": _percentiles(source_to_ack),
@@ -532,7 +573,9 @@ def _steady(
         "embed_ms_per_row": round(stage_ms["embed"] * batches / changes, 2),
         "slowest_batches_s_records": [[round(t, 3), r] for t, r in spans],
         "cores_used": cpu,
-        "cpu_ms_per_change": {k: round(1000 * v / rate, 2) for k, v in cpu.items()},
+        "cpu_ms_per_change": {
+            k: round(1000 * (cpu_after[k] - cpu_before[k]) / changes, 2) for k in cpu_after
+        },
     }
 
 
@@ -637,7 +680,7 @@ def run(
         broker = stack.enter_context(TansuBroker())
         with psycopg.connect(pg.dsn, autocommit=True) as conn:
             conn.execute((package_dir("schemas") / "sql" / "entities.postgres.sql").read_bytes())
-            texts = [_sentence(rng, n) for n in range(snapshot_rows)]
+            texts = [_row_text(f"snap-{n:06d}", n, rng) for n in range(snapshot_rows)]
             with conn.cursor().copy("COPY entities (id, company_id, content) FROM STDIN") as copy:
                 for n, text in enumerate(texts):
                     copy.write_row((f"snap-{n:06d}", TENANTS[n % 2], text))
@@ -704,7 +747,7 @@ def run(
 
         # (a) snapshot
         spawned = time.monotonic()
-        cpu_spawned = _cpu_now({})
+        cpu_spawned = _cpu_now({}, thread)
         dbz.start(timeout=120)
         stack.callback(dbz.stop)
         running = time.monotonic() - spawned
@@ -714,7 +757,10 @@ def run(
                 raise ConfigError("the snapshot did not finish within an hour")
             time.sleep(0.2)
         snapshot_s = time.monotonic() - spawned
-        snapshot_cpu_ms = 1000 * (_cpu_now({})[_BENCH] - cpu_spawned[_BENCH]) / snapshot_rows
+        cpu_indexed = _cpu_now({}, thread)
+        snapshot_cpu_ms = {
+            k: 1000 * (cpu_indexed[k] - cpu_spawned[k]) / snapshot_rows for k in cpu_indexed
+        }
         arrivals = [side.seen[f"snap-{n:06d}"][0] for n in range(snapshot_rows)]
         kafka_span = max(arrivals) - min(arrivals)
         sample = texts[: min(len(texts), 2000)]
@@ -753,6 +799,7 @@ def run(
             step = _steady(
                 pg.dsn,
                 worker,
+                worker_thread=thread,
                 acks=acks,
                 prober=prober,
                 side=side,
@@ -763,12 +810,14 @@ def run(
                 label=f"fresh{n}",
                 rng=rng,
             )
-            cpu_ms = step["cpu_ms_per_change"][_BENCH]
+            cpu_ms = step["cpu_ms_per_change"][_WORKER]
             steps.append(
                 {
                     "fraction_of_snapshot_rate": round(fraction, 3),
                     **step,
-                    "cpu_bound_rate_vs_snapshot": round(snapshot_cpu_ms / max(cpu_ms, 1e-6), 3),
+                    "cpu_bound_rate_vs_snapshot": round(
+                        snapshot_cpu_ms[_WORKER] / max(cpu_ms, 1e-6), 3
+                    ),
                 }
             )
         bulk = (
@@ -783,6 +832,7 @@ def run(
         "measured": {
             "snapshot": {
                 "rows": snapshot_rows,
+                "tokens_per_row": _mean_tokens(embedder, texts),
                 "spawn_to_connector_running_s": round(running, 2),
                 "spawn_to_all_indexed_s": round(snapshot_s, 2),
                 "end_to_end_rows_per_s": round(snapshot_rate, 1),
@@ -790,7 +840,8 @@ def run(
                 "embedder_alone_rows_per_s": round(embed_only, 1),
                 "end_to_end_vs_embedder_alone": round(snapshot_rate / embed_only, 3),
                 "worker_stage_means": snapshot_stages,
-                "bench_process_cpu_ms_per_row": round(snapshot_cpu_ms, 2),
+                "bench_process_cpu_ms_per_row": round(snapshot_cpu_ms[_BENCH], 2),
+                "worker_cpu_ms_per_row": round(snapshot_cpu_ms[_WORKER], 2),
             },
             "freshness": steps,
         },
@@ -876,19 +927,20 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         help="the worker's RAGSTREAM_CONSUMER__CATCH_UP_WAIT_MS (default: as shipped)",
     )
     args = parser.parse_args(argv)
-    report = run(
-        changes=args.changes,
-        rate=args.rate,
-        snapshot_rows=args.snapshot_rows,
-        poll_interval_ms=args.poll_interval_ms,
-        bulk_rows=args.bulk_rows,
-        bulk_probe_rate=args.bulk_probe_rate,
-        capacity=args.capacity,
-        step_seconds=args.step_seconds,
-        sample_rate=args.sample_rate,
-        probe_rate=args.probe_rate,
-        catch_up_wait_ms=args.catch_up_wait_ms,
-    )
+    with unwind_on_signals():
+        report = run(
+            changes=args.changes,
+            rate=args.rate,
+            snapshot_rows=args.snapshot_rows,
+            poll_interval_ms=args.poll_interval_ms,
+            bulk_rows=args.bulk_rows,
+            bulk_probe_rate=args.bulk_probe_rate,
+            capacity=args.capacity,
+            step_seconds=args.step_seconds,
+            sample_rate=args.sample_rate,
+            probe_rate=args.probe_rate,
+            catch_up_wait_ms=args.catch_up_wait_ms,
+        )
     return emit(report)
 
 

@@ -8,15 +8,38 @@ import math
 import os
 import platform
 import shutil
+import signal
 import statistics
 import tempfile
-from collections.abc import Mapping, Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from ragcore.errors import ConfigError
+
+
+@contextmanager
+def unwind_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT raise `KeyboardInterrupt` in the main thread, so the benchmark's
+    `with` blocks unwind and stop what they started. Its services run in sessions of their
+    own, which a terminal's Ctrl-C does not reach, and SIGTERM's default action ends Python
+    without unwinding: both left PostgreSQL, tansu and the Connect JVM running. Once the first
+    signal arrived, later ones are ignored until the block is left: every stop is bounded,
+    and a stop interrupted half-way would leave its process behind."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt(f"received {signal.strsignal(signum)}: stopping the services")
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def package_versions(packages: Sequence[str]) -> dict[str, str]:

@@ -11,18 +11,9 @@ import pytest
 from ragcore.documents import ExtractionLimits, Extractor
 from ragcore.errors import DocumentError
 from ragdev.docgen import csv_bytes, pdf_bytes
+from tests.processes import alive
 
 pytestmark = pytest.mark.unit
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a killed child that was reaped is gone; one not yet reaped is a zombie
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().split()[2] != "Z"
 
 
 def test_a_document_over_the_memory_cap_fails_and_the_next_one_extracts() -> None:
@@ -59,7 +50,7 @@ def test_a_child_that_died_is_replaced_on_the_next_document() -> None:
         assert pid is not None
         os.kill(pid, 9)
         deadline = time.monotonic() + 5
-        while _alive(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         document = extractor.extract("pdf", pdf_bytes([["second"]]))
         assert "second" in document.segments[0].text
@@ -72,6 +63,6 @@ def test_close_stops_the_child() -> None:
     extractor = Extractor()
     extractor.extract("pdf", pdf_bytes([["text"]]))
     pid = extractor.child_pid
-    assert pid is not None and _alive(pid)
+    assert pid is not None and alive(pid)
     extractor.close()
     assert not os.path.exists(f"/proc/{pid}")

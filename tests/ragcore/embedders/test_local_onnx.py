@@ -9,6 +9,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -129,6 +130,59 @@ def test_batch_size_does_not_change_vectors(embedder: LocalOnnxEmbedder) -> None
         )
     finally:
         small.close()
+
+
+class _CountingSession:
+    """An onnxruntime session that counts its runs (which session a call used)."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+        self.runs = 0
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        self.runs += 1
+        return self._session.run(*args, **kwargs)
+
+
+@pytest.mark.unit
+def test_small_calls_run_on_a_single_thread_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ragcore.embedders.local_onnx.os.cpu_count", lambda: 2)
+    e = LocalOnnxEmbedder(LocalEmbedderConfig(small_batch_texts=3))
+    try:
+        assert e._single is not None and e._single is not e._session
+        single, pool = _CountingSession(e._single), _CountingSession(e._session)
+        e._single, e._session = single, pool
+        few = e.embed_documents(SAMPLES[3:6])
+        assert (single.runs, pool.runs) == (1, 0)
+        many = e.embed_documents(SAMPLES[3:7])
+        assert (single.runs, pool.runs) == (1, 1)
+        e.embed_query("pump seal")
+        assert (single.runs, pool.runs) == (2, 1)
+        # the same vectors whichever session computed them
+        np.testing.assert_allclose(few, many[:3], atol=2e-5)
+    finally:
+        e.close()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("config", "cores"),
+    [
+        (LocalEmbedderConfig(small_batch_texts=0), 2),  # switched off
+        (LocalEmbedderConfig(intra_op_threads=1), 2),  # threads chosen explicitly (Retrieve)
+        (LocalEmbedderConfig(), 1),  # one core: the pool is a single thread already
+    ],
+)
+def test_no_second_session_where_it_cannot_help(
+    monkeypatch: pytest.MonkeyPatch, config: LocalEmbedderConfig, cores: int
+) -> None:
+    monkeypatch.setattr("ragcore.embedders.local_onnx.os.cpu_count", lambda: cores)
+    e = LocalOnnxEmbedder(config)
+    try:
+        assert e._single is None
+        assert e.embed_documents(["pump seal"]).shape == (1, 384)
+    finally:
+        e.close()
 
 
 @pytest.mark.unit
