@@ -812,10 +812,13 @@ def _add_limits(results: list[dict[str, Any]]) -> None:
 # --- the run ---------------------------------------------------------------------------------
 
 
-def server_settings(root: Path, plan: PlanConfig) -> RetrieveSettings:
-    """The settings of the benchmark's Retrieve servers over the run directory `root`."""
+def server_settings(
+    root: Path, plan: PlanConfig, max_connection_age_s: float | None = None
+) -> RetrieveSettings:
+    """The settings of the benchmark's Retrieve servers over the run directory `root`
+    (`max_connection_age_s`: `GrpcSettings.max_connection_age_s`, None: its default)."""
     return RetrieveSettings(
-        grpc=GrpcSettings(port=0),
+        grpc=GrpcSettings(port=0, max_connection_age_s=max_connection_age_s),
         auth=AuthSettings(tokens={TENANT: hashlib.sha256(TOKEN.encode()).hexdigest()}),
         # one tenant, up to 8 connections per process at the warm-up: no per-tenant limit
         # (admission still runs; `ragstream bench noisy` measures its limits)
@@ -836,6 +839,7 @@ def run(
     data_dir: Path | None = None,
     seed: int = 0,
     processes: Sequence[int] | None = None,
+    max_connection_age_s: float | None = None,
 ) -> dict[str, Any]:
     """Build the index and the SoR, run both variants at each concurrency with each number
     of server processes (default: 1 and the machine's cores); a JSON-able report.
@@ -866,7 +870,7 @@ def run(
         levels = list(dict.fromkeys(concurrency))
         measured = {level: _questions(built.prose, queries, rng) for level in levels}
 
-        settings = server_settings(root, plan)
+        settings = server_settings(root, plan, max_connection_age_s)
         # the servers' own query embedder, configured as a Retrieve server configures it
         query_embedder = LocalOnnxEmbedder(_local(serving_settings(settings)))
         stack.callback(query_embedder.close)
@@ -1032,6 +1036,10 @@ def run(
             "supporting_ratio": retrieval.supporting_ratio,
             "reranker": None,
             "workers": settings.grpc.workers,
+            # GOAWAY after this age (None: never): one server process, several
+            "connection_age_s": [
+                settings.grpc.model_copy(update={"processes": n}).connection_age_s() for n in (1, 2)
+            ],
             "max_concurrent_rpcs": settings.grpc.max_concurrent_rpcs,
             "publish": "disabled (no audit records, no reindex requests)",
             "client": (
@@ -1065,6 +1073,13 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         default=None,
         help="server process counts to measure side by side (default: 1 and the cores)",
     )
+    parser.add_argument(
+        "--max-connection-age-s",
+        type=float,
+        default=None,
+        help="the Retrieve servers' grpc.max_connection_age_s (0: never; default: the "
+        "server's default, which ages connections only with several processes)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -1075,6 +1090,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         concurrency=tuple(flat(args.concurrency)),
         data_dir=args.data_dir,
         processes=tuple(flat(args.processes)) if args.processes else None,
+        max_connection_age_s=args.max_connection_age_s,
     )
     return emit(report)
 
