@@ -12,7 +12,7 @@ vectors to today's, and whether quantizing twice gives the same bytes.
 Nothing here changes what ragstream runs: an index embedded with one execution must never be
 searched with another (issue 28; docs/decisions/cpu-on-the-hot-paths.md).
 
-Run: `python -m ragdev.bench.int8_embedding` (prints JSON; needs the `onnx` package, a dev
+Run: `ragstream bench int8_embedding` (prints JSON; needs the `onnx` package, a dev
 dependency).
 """
 
