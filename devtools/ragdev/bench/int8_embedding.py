@@ -37,7 +37,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from ragcore.embedders.local_onnx import LocalEmbedderConfig, LocalOnnxEmbedder
 from ragcore.onnx_common import cpu_session
-from ragdev.bench.embedder import passages
+from ragdev.bench.embedder import QUERIES, passages
 from ragdev.bench.machine import emit, machine_info
 from ragstream.cli import HelpFormatter
 
@@ -46,20 +46,8 @@ __all__ = ["QUERY", "VARIANTS", "run"]
 #: 13 tokens with [CLS] and [SEP]: a typical Retrieve query.
 QUERY = "how do I reset the badge reader at the dock?"
 
-#: Short questions for the cosine of query vectors.
-_QUESTIONS = (
-    "how do I parse command line arguments with subcommands",
-    "what happens when a thread pool is shut down while tasks are pending",
-    "read a csv file with a custom delimiter",
-    "difference between a deque and a list",
-    "how to set a timeout on a socket connection",
-    "why does my logging handler print messages twice",
-    "compare two text files and show the differences",
-    "create a temporary directory that is removed automatically",
-    "convert a naive datetime to a specific time zone",
-    "send an email with an attachment over TLS",
-    QUERY,
-)
+#: Short questions for the cosine of query vectors (the embedder benchmark's, and QUERY).
+_QUESTIONS = (*QUERIES, QUERY)
 
 #: name -> quantize_dynamic arguments (MatMul nodes only).
 VARIANTS: dict[str, dict[str, Any]] = {
