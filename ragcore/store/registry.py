@@ -372,12 +372,21 @@ class FileIndexRegistry(IndexRegistry):
         super().__init__()
         self._root = Path(data_dir).resolve() / "registry"
         self._store = store
+        # path -> (its file identity, the manifest parsed from it): Retrieve resolves the
+        # index on every request, and parsing the manifest was most of that
+        self._parsed: dict[Path, tuple[tuple[int, int, int, int], IndexManifest]] = {}
+        self._files: dict[tuple[str, int], Path] = {}
 
     def _dir(self, tenant: str) -> Path:
         return self._root / validate_tenant(tenant)
 
     def _file(self, tenant: str, version: int) -> Path:
-        return self._dir(tenant) / f"v{version}.json"
+        # memoized: pathlib joins were half of a lookup's CPU (Retrieve resolves every request)
+        key = (tenant, version)
+        path = self._files.get(key)
+        if path is None:
+            path = self._files[key] = self._dir(tenant) / f"v{version}.json"
+        return path
 
     def _versions(self, tenant: str) -> list[int]:
         directory = self._dir(tenant)
@@ -391,7 +400,29 @@ class FileIndexRegistry(IndexRegistry):
         return sorted(versions)
 
     def _read(self, tenant: str, version: int) -> IndexManifest | None:
+        """The manifest, parsed again only when its file changed. Every write replaces the
+        file (`atomic_write`: a new inode) or creates it (`O_EXCL`), and every rewrite changes
+        its status and so its size; another process's write shows in the stat like our own.
+        The stat is taken before the read, so a replacement in between is read again later,
+        never missed."""
         path = self._file(tenant, version)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            self._parsed.pop(path, None)
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read manifest {path}: {exc}") from exc
+        identity = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        cached = self._parsed.get(path)
+        if cached is not None and cached[0] == identity:
+            return cached[1]
+        manifest = self._parse(path, tenant, version)
+        if manifest is not None:
+            self._parsed[path] = (identity, manifest)
+        return manifest
+
+    def _parse(self, path: Path, tenant: str, version: int) -> IndexManifest | None:
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -449,7 +480,10 @@ class FileIndexRegistry(IndexRegistry):
     def _active(self, tenant: str) -> int | None:
         path = self._dir(tenant) / "active"
         try:
-            text = path.read_text(encoding="utf-8").strip()
+            # read on every Retrieve request (a switch must show at once): raw bytes, no
+            # text-file machinery
+            with open(path, "rb", buffering=0) as fh:
+                text = fh.read().decode("ascii", errors="replace").strip()
         except FileNotFoundError:
             return None
         except OSError as exc:

@@ -18,9 +18,11 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -33,7 +35,8 @@ from retrieval_api.processes import RetrieveProcesses
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from tests.processes import alive
-from tests.retrieval_api.stack import Stack, bearer
+from tests.retrieval_api.stack import TOKENS, Stack, bearer
+from tests.retrieval_api.test_external_clients import run_grpcurl
 from tests.retrieval_api.test_grpc_server import PUMP, REFUND, VPN
 from tests.streams.support import eid
 
@@ -209,3 +212,108 @@ def test_server_processes_do_not_outlive_a_killed_parent(tmp_path: Path) -> None
     while any(alive(c) for c in children):
         assert time.monotonic() < deadline, "server processes outlived their parent"
         time.sleep(0.2)
+
+
+def _calls_by_process(group: RetrieveProcesses) -> dict[int, float]:
+    return {
+        pid: sum(
+            s.value
+            for family in group.process_metrics(pid)
+            if family.name == "ragstream_retrieve_requests"
+            for s in family.samples
+            if s.name.endswith("_total")
+        )
+        for pid in group.pids
+    }
+
+
+def _aged_group(stack: Stack, age_s: float) -> RetrieveProcesses:
+    grpc_settings = stack.app.settings.grpc.model_copy(
+        update={"processes": 2, "max_connection_age_s": age_s, "max_connection_age_grace_s": 5.0}
+    )
+    settings = stack.app.settings.model_copy(update={"grpc": grpc_settings})
+    return RetrieveProcesses(settings, store=stack.store)
+
+
+def test_aged_connections_spread_a_long_lived_clients_calls_over_the_processes_without_errors(
+    postgres: PostgresCluster, tmp_path: Path, embedder: LocalOnnxEmbedder
+) -> None:
+    """The kernel spreads connections, not calls: with connection ageing (GOAWAY after
+    `grpc.max_connection_age_s`) a client's channel reconnects transparently and its calls
+    reach both processes; without it, one channel's calls all reach one process."""
+    stack = Stack(postgres.dsn, tmp_path / "store", embedder, placement="shared")
+    stack.write("ent-c", "acme", VPN)
+    aged = _aged_group(stack, 0.3)
+    never = _aged_group(stack, 0)
+    channels: list[grpc.Channel] = []
+    try:
+        aged.start()
+        never.start()
+
+        # control: one connection for ever -> one process answers every call
+        channels.append(_channel(f"127.0.0.1:{never.port}"))
+        stub = pb_grpc.RetrievalServiceStub(channels[-1])
+        for _ in range(20):
+            stub.Retrieve(pb.RetrieveRequest(query_text=VPN), metadata=bearer("acme"), timeout=30)
+            time.sleep(0.05)
+        assert sorted(_calls_by_process(never).values()) == [0, 20]
+
+        # one long-lived channel, three threads calling over it at once, for ~20 connection
+        # ages: every call answered (an aged connection's calls in flight finish, new ones go
+        # to the next connection), and both processes answered some
+        channels.append(_channel(f"127.0.0.1:{aged.port}"))
+        shared = pb_grpc.RetrievalServiceStub(channels[-1])
+        errors: list[grpc.RpcError] = []
+        answered = [0]
+        lock = threading.Lock()
+
+        def caller(client: Any) -> None:
+            deadline = time.monotonic() + 6.0  # ~20 connection ages
+            while time.monotonic() < deadline:
+                try:
+                    pack = client.Retrieve(
+                        pb.RetrieveRequest(query_text=VPN), metadata=bearer("acme"), timeout=30
+                    )
+                except grpc.RpcError as exc:
+                    with lock:
+                        errors.append(exc)
+                    continue
+                assert pack.results and pack.results[0].entity_id == eid("ent-c")
+                with lock:
+                    answered[0] += 1
+
+        threads = [threading.Thread(target=caller, args=(shared,)) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert [e.code() for e in errors] == []
+        by_process = _calls_by_process(aged)
+        assert sum(by_process.values()) == answered[0] >= 30
+        assert min(by_process.values()) > 0, by_process
+
+        # grpcurl (Go's gRPC client) on a connection that ages between its reflection
+        # requests and its call: it reconnects without failing
+        fast = _aged_group(stack, 0.02)
+        try:
+            fast.start()
+            for _ in range(3):
+                done = run_grpcurl(
+                    "-H",
+                    f"authorization: Bearer {TOKENS['acme']}",
+                    "-d",
+                    json.dumps({"query_text": VPN}),
+                    f"127.0.0.1:{fast.port}",
+                    "ragstream.retrieval.v1.RetrievalService/Retrieve",
+                )
+                assert done.returncode == 0, done.stderr
+                top = json.loads(done.stdout)["results"][0]
+                assert top.get("entityId", top.get("entity_id")) == eid("ent-c"), top
+        finally:
+            fast.stop()
+    finally:
+        for channel in channels:
+            channel.close()
+        aged.stop()
+        never.stop()
+        stack.close()

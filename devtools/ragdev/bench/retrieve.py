@@ -825,13 +825,17 @@ def _add_limits(results: list[dict[str, Any]]) -> None:
 
 
 def server_settings(
-    root: Path, plan: PlanConfig, execution: Execution = "float"
+    root: Path,
+    plan: PlanConfig,
+    execution: Execution = "float",
+    max_connection_age_s: float | None = None,
 ) -> RetrieveSettings:
     """The settings of the benchmark's Retrieve servers over the run directory `root`, with
-    the local embedder's `execution`."""
+    the local embedder's `execution` (`max_connection_age_s`:
+    `GrpcSettings.max_connection_age_s`, None: its default)."""
     return RetrieveSettings(
         embedder=LocalEmbedderConfig(execution=execution),
-        grpc=GrpcSettings(port=0),
+        grpc=GrpcSettings(port=0, max_connection_age_s=max_connection_age_s),
         auth=AuthSettings(tokens={TENANT: hashlib.sha256(TOKEN.encode()).hexdigest()}),
         # one tenant, up to 8 connections per process at the warm-up: no per-tenant limit
         # (admission still runs; `ragstream bench noisy` measures its limits)
@@ -853,6 +857,7 @@ def run(
     seed: int = 0,
     processes: Sequence[int] | None = None,
     execution: Execution = "float",
+    max_connection_age_s: float | None = None,
 ) -> dict[str, Any]:
     """Build the index and the SoR, run both variants at each concurrency with each number
     of server processes (default: 1 and the machine's cores); a JSON-able report. The local
@@ -884,7 +889,7 @@ def run(
         levels = list(dict.fromkeys(concurrency))
         measured = {level: _questions(built.prose, queries, rng) for level in levels}
 
-        settings = server_settings(root, plan, execution)
+        settings = server_settings(root, plan, execution, max_connection_age_s)
         # the servers' own query embedder, configured as a Retrieve server configures it
         query_embedder = LocalOnnxEmbedder(_local(serving_settings(settings)))
         stack.callback(query_embedder.close)
@@ -1051,6 +1056,10 @@ def run(
             "supporting_ratio": retrieval.supporting_ratio,
             "reranker": None,
             "workers": settings.grpc.workers,
+            # GOAWAY after this age (None: never): one server process, several
+            "connection_age_s": [
+                settings.grpc.model_copy(update={"processes": n}).connection_age_s() for n in (1, 2)
+            ],
             "max_concurrent_rpcs": settings.grpc.max_concurrent_rpcs,
             "publish": "disabled (no audit records, no reindex requests)",
             "client": (
@@ -1091,6 +1100,13 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         help="the local embedder's execution, for the index and the queries "
         "(RAGSTREAM_EMBEDDER__EXECUTION)",
     )
+    parser.add_argument(
+        "--max-connection-age-s",
+        type=float,
+        default=None,
+        help="the Retrieve servers' grpc.max_connection_age_s (0: never; default: the "
+        "server's default, which ages connections only with several processes)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -1102,6 +1118,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         data_dir=args.data_dir,
         processes=tuple(flat(args.processes)) if args.processes else None,
         execution=args.embedder_execution,
+        max_connection_age_s=args.max_connection_age_s,
     )
     return emit(report)
 

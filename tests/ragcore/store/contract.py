@@ -623,6 +623,36 @@ class RegistryContract:
         # Another instance on the same backing store sees the same state.
         assert registry_factory().active_version("acme") == 2
 
+    def test_a_reader_sees_every_change_another_instance_makes(
+        self, registry_factory: RegistryFactory
+    ) -> None:
+        """A Retrieve server's registry reads a manifest on every request (and may keep it
+        parsed): each change of a writer on the same backing store shows at once, even when
+        changes follow each other within a millisecond."""
+        writer, reader = registry_factory(), registry_factory()
+        writer.create_version("acme", SPEC)
+        assert reader.manifest("acme", 1).status == "building"
+        writer.mark_ready("acme", 1, total_vectors=3)
+        assert (reader.manifest("acme", 1).status, reader.manifest("acme", 1).total_vectors) == (
+            "ready",
+            3,
+        )
+        writer.activate("acme", 1)
+        assert reader.lookup("acme", None).collection == "rag__acme__v1"
+        writer.create_version("acme", SPEC)
+        writer.mark_ready("acme", 2, total_vectors=5)
+        writer.activate("acme", 2)
+        switched = reader.lookup("acme", None)
+        assert (switched.version, switched.collection, switched.manifest.total_vectors) == (
+            2,
+            "rag__acme__v2",
+            5,
+        )
+        assert reader.lookup("acme", 1).manifest.status == "ready"
+        writer.retire("acme", 1)
+        with pytest.raises(IndexNotFoundError, match="retired"):
+            reader.lookup("acme", 1)
+
     def test_retire_keeps_the_active_version(self, registry: IndexRegistry) -> None:
         for _ in range(2):
             version = registry.create_version("acme", SPEC).version
