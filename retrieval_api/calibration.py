@@ -222,8 +222,6 @@ def _choose_order(
     calibration: EvidenceCalibration,
     settings: CalibrationSettings,
     protect: bool,
-    *,
-    by_specificity: bool,
 ) -> tuple[RankingChoice, list[dict[str, Any]]]:
     """The order with the largest significant gain over the baseline (`settings.choices[0]`)
     in nDCG@10 of the answerable queries, or the baseline.
@@ -232,8 +230,7 @@ def _choose_order(
     (training and held-out: ~2x the held-out share's power); the evidence order uses the model
     fitted on the training queries and is compared on the held-out ones only. Identifier
     queries are left out: the identifier rule orders them, not the fusion, and their exact
-    tokens would tilt the choice to the lexical channel (issue 26 item 5). Fusions are
-    scored as Retrieve scores them (`by_specificity`: `finish`).
+    tokens would tilt the choice to the lexical channel (issue 26 item 5).
     """
     per_choice: list[dict[str, float]] = []
     for choice in settings.choices:
@@ -243,7 +240,7 @@ def _choose_order(
                 continue
             if choice.order == "evidence" and e.train:
                 continue
-            pool = finish(e.raw, calibration, choice, by_specificity=by_specificity)
+            pool = finish(e.raw, calibration, choice)
             value = _ndcg10(e, [h.score for h in pool.hits], protect)
             if value is not None:
                 values[f"q{n}"] = value
@@ -377,9 +374,7 @@ def fit_calibration(
     settings = replace(
         settings, choices=(baseline, *(c for c in settings.choices if c != baseline))
     )
-    choice, order_table = _choose_order(
-        examples, draft, settings, protect, by_specificity=search.config.lexical_specificity
-    )
+    choice, order_table = _choose_order(examples, draft, settings, protect)
     # a positive whose answer is not among the candidates has no evidence to lose: the threshold
     # is chosen on the queries with an answer in the pool and on the negatives
     decidable = [e for e in held if not e.query.answerable or 1.0 in e.labels]

@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 
 from ragcore.errors import ManifestMismatchError
 from ragcore.fusion import FusedHit
-from ragcore.sparse import Bm25Encoder, Bm25Scorer, LexicalQuery, LexiconStats, idf
+from ragcore.sparse import Bm25Encoder, Bm25Scorer, LexicalQuery, LexiconStats
 from ragcore.store.base import ScoredHit, StoreFilter, VectorStore
 from ragcore.store.registry import IndexRegistry, ResolvedIndex
 from retrieval_api.evidence_score import (
@@ -127,40 +127,10 @@ def pool_evidence(raw: RawPool, calibration: EvidenceCalibration) -> list[float]
     return evidence
 
 
-def lexical_specificity(query: LexicalQuery, n_docs: int) -> float:
-    """How specific the query's most specific word is in the index, 0..1: the IDF of its
-    rarest token that occurs in the index over the IDF of a token that occurs in one chunk
-    (1: a word of one chunk; 0: no token of the query occurs)."""
-    if n_docs < 1:
-        return 1.0
-    top = idf(n_docs, 1)
-    # IDF falls with the document frequency: above `top` means a token no chunk holds
-    known = [v for v in query.idf if v <= top + 1e-9]
-    return max(known, default=0.0) / top
-
-
-def finish(
-    raw: RawPool,
-    calibration: EvidenceCalibration,
-    choice: RankingChoice,
-    *,
-    by_specificity: bool,
-) -> Pool:
-    """Evidence (`pool_evidence`) and ordering score of every candidate of `raw`.
-
-    `by_specificity` scales the lexical weight of a fusion of both channels by the query's
-    `lexical_specificity`: BM25 over a query of common words ("who produced the most films?")
-    orders the chunks by how often and in how short a text they repeat those words, not by
-    what they are about, and a per-query normalised fusion gave that order as much say as the
-    dense channel's (docs/decisions/fusion-weights-from-held-out-evidence.md). A query that
-    names something rare keeps its lexical vote.
-    """
+def finish(raw: RawPool, calibration: EvidenceCalibration, choice: RankingChoice) -> Pool:
+    """Evidence (`pool_evidence`) and ordering score of every candidate of `raw`."""
     evidence = pool_evidence(raw, calibration)
-    scoring = choice
-    if by_specificity and choice.order == "fused" and choice.dense_weight > 0:
-        specificity = lexical_specificity(raw.query, calibration.lexicon.n_docs)
-        scoring = replace(choice, sparse_weight=choice.sparse_weight * specificity)
-    order = scoring.scores(
+    order = choice.scores(
         [s.cosine for s in raw.signals], [s.lexical.score for s in raw.signals], evidence
     )
     hits = tuple(hit.with_score(score) for hit, score in zip(raw.hits, order, strict=True))

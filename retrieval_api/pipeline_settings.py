@@ -85,13 +85,6 @@ class RetrievalConfig(BaseModel):
         default=0.5, ge=0, allow_inf_nan=False, description="0: no sparse candidates."
     )
     rrf_k: float = Field(default=60.0, ge=0, allow_inf_nan=False)
-    # docs/decisions/fusion-weights-from-held-out-evidence.md ("Lexical weight by specificity")
-    lexical_specificity: bool = Field(
-        default=True,
-        description="Scale the lexical weight of a fused order, per query, by the IDF of the "
-        "query's rarest word in the index over the IDF of a word of one chunk: a query of "
-        "common words gets its BM25 order as a minor vote.",
-    )
     identifier_search: bool = Field(
         default=True,
         description="Also fetch the chunks that contain an identifier of the query (error "

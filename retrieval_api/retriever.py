@@ -220,7 +220,7 @@ class Retriever:
         self._metrics.candidates.observe(len(raw))
         with stage("rank"):
             choice = self.search.choice(calibration)
-            pool = finish(raw, calibration, choice, by_specificity=self.config.lexical_specificity)
+            pool = finish(raw, calibration, choice)
             ranking = rank(
                 pool.candidates(),
                 store_filter=request.store_filter,

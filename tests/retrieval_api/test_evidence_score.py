@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from ragcore.fusion import FusedHit
-from ragcore.sparse import Bm25Encoder, LexicalMatch, LexicalQuery, LexiconStats, idf
-from retrieval_api.candidates import RawPool, finish, lexical_specificity, pool_evidence
+from ragcore.sparse import Bm25Encoder, LexicalMatch, LexicalQuery, LexiconStats
+from retrieval_api.candidates import RawPool, pool_evidence
 from retrieval_api.evidence_score import (
     CHUNK_FEATURES,
     QUERY_FEATURES,
@@ -176,40 +176,3 @@ def test_a_single_channel_pool_keeps_the_evidence_of_the_whole_pool() -> None:
     signals = (signal(0.8, 1.0, 0.2), signal(0.3, 12.0, 1.0))
     raw = RawPool(query, (_hit(0, 1, None), _hit(1, 2, None)), signals)
     assert pool_evidence(raw, calibration) == pytest.approx(calibration.evidence(query, signals))
-
-
-def test_lexical_specificity_is_the_rarest_known_word_over_a_word_of_one_chunk() -> None:
-    n = 1000
-    top = idf(n, 1)
-    common = LexicalQuery(("produced", "films"), (idf(n, 300), idf(n, 120)), (), (), 0.0)
-    assert lexical_specificity(common, n) == pytest.approx(idf(n, 120) / top)
-    named = LexicalQuery(("turturro", "films"), (top, idf(n, 120)), (), (), 0.0)
-    assert lexical_specificity(named, n) == pytest.approx(1.0)
-    # a token no chunk holds (IDF above a word of one chunk) says nothing about the index
-    absent = LexicalQuery(("zzz", "films"), (idf(n, 0), idf(n, 120)), (), (), 0.0)
-    assert lexical_specificity(absent, n) == pytest.approx(idf(n, 120) / top)
-    assert lexical_specificity(LexicalQuery((), (), (), (), 0.0), n) == 0.0
-
-
-def test_a_query_of_common_words_gives_the_lexical_order_a_minor_vote() -> None:
-    stats = LexiconStats.build([f"text {i}" for i in range(1000)], Bm25Encoder())
-    calibration = prior_calibration(stats)
-    # c0: the dense channel's best; c1: BM25's best by far; c2: neither's
-    signals = (signal(0.80, 2.0, 0.5), signal(0.60, 9.0, 1.0), signal(0.40, 1.0, 0.2))
-    hits = (_hit(0, 1, 2), _hit(1, 2, 1), _hit(2, 3, 3))
-    convex = RankingChoice("fused", "convex", 0.5, 0.5)
-
-    def first(query: LexicalQuery, by_specificity: bool) -> str:
-        pool = finish(RawPool(query, hits, signals), calibration, convex,
-                      by_specificity=by_specificity)  # fmt: skip
-        return max(pool.hits, key=lambda h: h.score).chunk_id
-
-    common = LexicalQuery(("films",), (idf(1000, 120),), (), (), 0.0)
-    rare = LexicalQuery(("turturro",), (idf(1000, 1),), (), (), 0.0)
-    assert first(common, by_specificity=False) == "c1"
-    assert first(common, by_specificity=True) == "c0"
-    assert first(rare, by_specificity=True) == "c1"  # a word of one chunk keeps its full vote
-    # a single channel's order is its own: scaling one weight of it changes nothing
-    bm25_alone = RankingChoice("fused", "convex", 0.0, 1.0)
-    pool = finish(RawPool(common, hits, signals), calibration, bm25_alone, by_specificity=True)
-    assert pool.hits[1].score > pool.hits[0].score

@@ -24,9 +24,7 @@ _SINGLE = {"order": "fused", "identifier_search": False, "identifier_priority": 
 #: `calibrated_order` takes the one the calibration chose per index; `thr_*` fix the hard
 #: threshold on the evidence score (`no_threshold`, `*_no_threshold`: none, so a channel's
 #: ranking is compared without abstention), `supporting_*` the floor of supporting chunks;
-#: `no_identifier_rule` drops the identifier search and priority; `no_lexical_specificity` keeps
-#: the lexical weight of a fusion the same for every query (the calibration chose the order with
-#: it scaled); `no_collapse`, `no_diversity`,
+#: `no_identifier_rule` drops the identifier search and priority; `no_collapse`, `no_diversity`,
 #: `no_explanations_first` turn one step of distinct evidence off, `plain_ranking` all three.
 DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -61,7 +59,6 @@ DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
     "evidence_order": {"order": "evidence"},
     "calibrated_order": {"order": "calibrated"},
     "no_identifier_rule": {"identifier_search": False, "identifier_priority": False},
-    "no_lexical_specificity": {"lexical_specificity": False},
     "no_collapse": {"near_duplicate_collapse": False},
     "no_diversity": {"diversity": False},
     "diversity_0.5": {"diversity_lambda": 0.5},
