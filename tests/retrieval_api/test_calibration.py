@@ -224,13 +224,11 @@ def test_a_burst_of_cold_requests_loads_a_calibration_once(
     assert len(loads) == 2  # forgetting still forces a reload
 
 
-def test_an_expired_calibration_is_served_while_one_background_load_replaces_it(
-    index: tuple[EdgeStore, FileIndexRegistry, ResolvedIndex], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The prior of a never-calibrated index recounts the index's words every 300 s; at 100k
-    chunks a recount took tens of seconds, and every request that found the entry expired
-    waited for it. Now an expired entry is served and one background thread reloads it."""
-    store, registry, resolved = index
+def _clocked_search(
+    index: tuple[EdgeStore, FileIndexRegistry, ResolvedIndex],
+) -> tuple[CandidateSearch, list[float]]:
+    """A search whose monotonic clock is the returned list's one value (set it to move time)."""
+    store, registry, _ = index
     clock = [0.0]
     search = CandidateSearch(
         config=RetrievalConfig(),
@@ -239,6 +237,17 @@ def test_an_expired_calibration_is_served_while_one_background_load_replaces_it(
         registry=registry,
         monotonic=lambda: clock[0],
     )
+    return search, clock
+
+
+def test_an_expired_calibration_is_served_while_one_background_load_replaces_it(
+    index: tuple[EdgeStore, FileIndexRegistry, ResolvedIndex], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prior of a never-calibrated index recounts the index's words every 300 s; at 100k
+    chunks a recount took tens of seconds, and every request that found the entry expired
+    waited for it. Now an expired entry is served and one background thread reloads it."""
+    _, registry, resolved = index
+    search, clock = _clocked_search(index)
     first = search.calibration(resolved)
     assert first.source == "prior"
     loading, release = threading.Event(), threading.Event()
@@ -269,15 +278,8 @@ def test_an_expired_calibration_is_served_while_one_background_load_replaces_it(
 def test_a_reload_that_fails_drops_the_entry_so_the_next_request_fails_loudly(
     index: tuple[EdgeStore, FileIndexRegistry, ResolvedIndex], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store, registry, resolved = index
-    clock = [0.0]
-    search = CandidateSearch(
-        config=RetrievalConfig(),
-        encoder=Bm25Encoder(),
-        store=store,
-        registry=registry,
-        monotonic=lambda: clock[0],
-    )
+    _, registry, resolved = index
+    search, clock = _clocked_search(index)
     first = search.calibration(resolved)
     failed = threading.Event()
 
@@ -306,15 +308,8 @@ def test_a_load_that_began_before_forget_is_not_cached(
 ) -> None:
     """`calibrate` saves a new calibration and forgets the cached one: a reload already in
     flight (which read the old one) must not put the old one back."""
-    store, registry, resolved = index
-    clock = [0.0]
-    search = CandidateSearch(
-        config=RetrievalConfig(),
-        encoder=Bm25Encoder(),
-        store=store,
-        registry=registry,
-        monotonic=lambda: clock[0],
-    )
+    _, registry, resolved = index
+    search, clock = _clocked_search(index)
     first = search.calibration(resolved)
     loading, release = threading.Event(), threading.Event()
     real = registry.load_calibration
