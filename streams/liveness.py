@@ -183,9 +183,12 @@ class ObservedHandler:
 class SlotWatch:
     """The SoR's replication slots as metrics: the WAL each retains and whether a connector is
     attached (an inactive slot keeps WAL growing on the SoR's disk). It also notices WAL gaps:
-    a slot that vanished (dropped while its connector was down) or lost WAL
-    (`wal_status=lost`). Changes committed until a new slot exists never reach the stream;
-    `check` names such a slot once it is back and streaming, so the caller reconciles then."""
+    a slot that vanished (dropped while its connector was down), lost WAL
+    (`wal_status=lost`), or whose confirmed position went back (the slot was recreated in a
+    SoR restored from a backup, whose new commits take WAL positions below the abandoned
+    history's: seen even when no check fell in the moment the slot was missing). Changes
+    committed until a new slot exists never reach the stream; `check` names such a slot once
+    it is back and streaming, so the caller reconciles then."""
 
     def __init__(self, metrics: IngestMetrics, sor: SlotSource) -> None:
         self._sor = sor
@@ -193,6 +196,8 @@ class SlotWatch:
         self._inactive: set[str] = set()
         self._seen: set[str] = set()
         self._gaps: set[str] = set()
+        #: the confirmed position each slot had at the last check
+        self._confirmed: dict[str, int] = {}
 
     def check(self) -> list[str]:
         """Read the slots, export them, log changes; return the slots whose WAL gap should be
@@ -207,8 +212,22 @@ class SlotWatch:
             self._metrics.wal_gaps.labels(slot.name)
             self._metrics.slot_retained_bytes.labels(slot.name).set(slot.retained_bytes)
             self._metrics.slot_active.labels(slot.name).set(1 if slot.active else 0)
+            last = self._confirmed.get(slot.name)
+            if slot.confirmed_lsn is not None:
+                self._confirmed[slot.name] = slot.confirmed_lsn
             if slot.wal_status == "lost" and slot.name not in self._gaps:
                 self._gap(slot.name, "lost WAL it needed (wal_status=lost)")
+            elif (
+                last is not None
+                and slot.confirmed_lsn is not None
+                and slot.confirmed_lsn < last
+                and slot.name not in self._gaps
+            ):
+                self._gap(
+                    slot.name,
+                    f"confirmed position went back ({last} -> {slot.confirmed_lsn} bytes: "
+                    "recreated, the SoR restored from a backup?)",
+                )
             elif slot.active and slot.wal_status != "lost" and slot.name in self._gaps:
                 self._gaps.discard(slot.name)
                 closable.append(slot.name)

@@ -84,6 +84,8 @@ class SlotState:
     active: bool
     retained_bytes: int
     wal_status: str
+    #: the slot's `confirmed_flush_lsn` as a byte position (None: not known)
+    confirmed_lsn: int | None = None
 
 
 @runtime_checkable

@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 #: The logical slots of the current database and the WAL each one retains.
 _SLOTS_SQL = (
     "SELECT slot_name, plugin, active, wal_status, "
-    "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint AS retained_bytes "
+    "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint AS retained_bytes, "
+    "pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint AS confirmed_lsn "
     "FROM pg_replication_slots WHERE slot_type = 'logical' AND database = current_database() "
     "ORDER BY slot_name"
 )
@@ -230,6 +231,7 @@ class PostgresSor(_SqlReader):
                 active=bool(r["active"]),
                 retained_bytes=int(r["retained_bytes"] or 0),
                 wal_status=str(r["wal_status"] or ""),
+                confirmed_lsn=(int(r["confirmed_lsn"]) if r["confirmed_lsn"] is not None else None),
             )
             for r in rows
         ]

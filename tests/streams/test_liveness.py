@@ -209,3 +209,29 @@ def test_a_slot_that_lost_wal_is_a_gap_too() -> None:
     )
     source.slots = [SlotState("ragstream_entities", "pgoutput", True, 0, "reserved")]
     assert watch.check() == ["ragstream_entities"]
+
+
+@pytest.mark.unit
+def test_a_slot_whose_confirmed_position_went_back_is_a_wal_gap(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A SoR restored from a base backup loses the slot and Debezium recreates it at the
+    restored server's lower WAL positions; when no check fell in the moment the slot was
+    missing (the SoR was restarting), the position going back still tells."""
+    registry = CollectorRegistry()
+    source = _Slots()
+    source.slots = [SlotState("ragstream_entities", "pgoutput", True, 0, "reserved", 90_000)]
+    watch = SlotWatch(IngestMetrics(registry), source)
+    assert watch.check() == []
+    source.slots = [SlotState("ragstream_entities", "pgoutput", True, 0, "reserved", 95_000)]
+    assert watch.check() == []  # moving on is no gap
+    labels = {"slot": "ragstream_entities"}
+    assert registry.get_sample_value("ragstream_sor_wal_gaps_total", labels) == 0
+    source.slots = [SlotState("ragstream_entities", "pgoutput", False, 0, "reserved", 40_000)]
+    assert watch.check() == []
+    assert registry.get_sample_value("ragstream_sor_wal_gaps_total", labels) == 1
+    assert any("went back (95000 -> 40000" in r.getMessage() for r in caplog.records)
+    source.slots = [SlotState("ragstream_entities", "pgoutput", True, 0, "reserved", 41_000)]
+    assert watch.check() == ["ragstream_entities"]  # streaming again: close it
+    assert watch.check() == []
+    assert registry.get_sample_value("ragstream_sor_wal_gaps_total", labels) == 1

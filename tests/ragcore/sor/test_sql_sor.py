@@ -193,6 +193,13 @@ def test_replication_slots_show_the_wal_an_inactive_slot_retains(
             assert slot in found
             assert found[slot].active is False and found[slot].plugin == "pgoutput"
             assert found[slot].retained_bytes > 500_000
+            # the position the slot confirmed (at creation: the WAL position of then)
+            (created,) = conn.execute(
+                "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint"
+                " FROM pg_replication_slots WHERE slot_name = %s",
+                (slot,),
+            ).fetchone() or (None,)
+            assert found[slot].confirmed_lsn == created and created is not None and created > 0
         finally:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
             conn.execute(f"DROP TABLE IF EXISTS {table}".encode())
