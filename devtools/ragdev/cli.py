@@ -45,7 +45,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from ragcore.quality.metrics import result_reliability
     from ragdev.eval.gate import check_gate, load_gate
     from ragdev.eval.report import summary_table, write_report
-    from ragdev.eval.runner import ConfigResult, comparison, run_eval
+    from ragdev.eval.runner import (
+        ConfigResult,
+        comparison,
+        retrieval_from_environment,
+        run_eval,
+    )
     from ragdev.eval.sets import load_named
     from retrieval_api.calibration import CalibrationSettings
 
@@ -62,9 +67,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         unknown = [n for n in baselines if n not in BASELINES]
         if unknown:
             raise RagstreamError(f"unknown baselines {unknown}; known: {list(BASELINES)}")
+    base, from_environment = retrieval_from_environment()
     print(
         f"evaluating {evalset.name}: {len(evalset.entities)} entities, "
-        f"{len(evalset.queries)} queries, configurations {names}, baselines {baselines}",
+        f"{len(evalset.queries)} queries, configurations {names}, baselines {baselines}"
+        + (f", RAGSTREAM_RETRIEVAL__* settings {from_environment}" if from_environment else ""),
         file=sys.stderr,
         flush=True,
     )
@@ -77,6 +84,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     results = run_eval(
         evalset,
         configs={n: DEFAULT_CONFIGS[n] for n in names},
+        base=base,
         top_k=args.top_k,
         max_context_tokens=args.max_context_tokens,
         calibrate=not args.no_calibrate,
@@ -92,6 +100,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             "entities": len(evalset.entities),
             "queries": len(evalset.queries),
         },
+        "retrieval_from_environment": from_environment,
         "configs": {r.name: {"overrides": r.overrides, **r.result.to_dict()} for r in results},
         "significance": comparison(results) if len(results) > 1 else {},
         "reliability": {

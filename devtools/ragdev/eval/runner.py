@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 import grpc
 from prometheus_client import CollectorRegistry
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ragcore.documents import DocumentSource, decode_document
 from ragcore.embedders import build_embedder
@@ -162,6 +164,26 @@ def _records(evalset: EvalSet) -> list[RawRecord]:
             )
         )
     return out
+
+
+class _RetrievalEnvironment(BaseSettings):
+    """Only the `retrieval` part of Retrieve's settings, from `RAGSTREAM_RETRIEVAL__*`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RAGSTREAM_", env_nested_delimiter="__", extra="ignore", frozen=True
+    )
+
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+
+
+def retrieval_from_environment() -> tuple[RetrievalConfig, dict[str, Any]]:
+    """The retrieval settings a `ragstream serve` in this environment would use
+    (`RAGSTREAM_RETRIEVAL__*`), and the top-level fields that differ from the defaults: the
+    eval's base configuration, so a setting is A/B-tested as it would be served."""
+    config = _RetrievalEnvironment().retrieval
+    defaults = RetrievalConfig().model_dump(mode="json")
+    dumped = config.model_dump(mode="json")
+    return config, {k: v for k, v in dumped.items() if defaults.get(k) != v}
 
 
 @contextmanager
