@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -43,6 +43,65 @@ from streams.settings import IngestSettings
 log = logging.getLogger(__name__)
 
 
+class LostTables:
+    """The mapped tables whose changes an offset gap may have lost, until the worker
+    reconciles them (thread-safe: the consumer loop adds, the liveness thread takes).
+
+    A gap in a table's topic names that table; a gap in a connector's heartbeat topic loses no
+    change; a gap in any other topic (none is subscribed: `consumed_topics` refuses them) would
+    name every table, so nothing is left unreconciled by a topic this map does not know."""
+
+    def __init__(
+        self,
+        table_of_topic: Callable[[str], str | None],
+        heartbeat_prefix: str,
+        tables: Collection[str],
+    ) -> None:
+        """`table_of_topic`: the label of the table whose changes a topic carries, or None;
+        `tables`: every mapped table's label (when all of them lost changes, `take` says every
+        table: a full reconciliation, which also exports its drift gauges)."""
+        self._table_of_topic = table_of_topic
+        self._every = frozenset(tables)
+        self._heartbeat_prefix = f"{heartbeat_prefix}."
+        self._lock = threading.Lock()
+        self._tables: set[str] = set()
+        self._all = False
+
+    def add(self, gaps: Sequence[OffsetGap]) -> None:
+        """Note the tables the offset gaps of the consumer loop may have lost changes of."""
+        with self._lock:
+            for gap in gaps:
+                if gap.topic.startswith(self._heartbeat_prefix):
+                    continue
+                table = self._table_of_topic(gap.topic)
+                if table is None:
+                    self._all = True
+                else:
+                    self._tables.add(table)
+
+    def restore(self, tables: frozenset[str] | None) -> None:
+        """Put back what `take` returned (the reconciliation failed: retried later)."""
+        with self._lock:
+            if tables is None:
+                self._all = True
+            else:
+                self._tables |= tables
+
+    def pending(self) -> bool:
+        """Some table waits to be reconciled."""
+        with self._lock:
+            return self._all or bool(self._tables)
+
+    def take(self) -> frozenset[str] | None:
+        """The tables to reconcile (None: every table), and forget them; an empty set when
+        nothing waits."""
+        with self._lock:
+            taken = None if self._all or self._tables >= self._every else frozenset(self._tables)
+            self._all = False
+            self._tables = set()
+            return taken
+
+
 @dataclass
 class IngestWorker:
     """A wired worker: the loop and the resources it owns."""
@@ -59,12 +118,13 @@ class IngestWorker:
     reconcile_metrics: ReconcileMetrics
     #: the BM25 encoder the worker writes with (reindex's parity search uses the same one)
     sparse: Bm25Encoder
+    #: the tables of partitions whose committed offset or fetch position was out of range
+    #: (changes expired unread), noted by the loop and reconciled by `watch_sources`
+    offset_gaps: LostTables
     sor: SystemOfRecord | None = None
     liveness: SourceLiveness | None = None
     slots: SlotWatch | None = None
     stop: threading.Event = field(default_factory=threading.Event)
-    #: set by the loop when a committed offset was out of range (changes expired unread)
-    offset_gaps: threading.Event = field(default_factory=threading.Event)
     #: what `build_worker` created (injected parts belong to their owner and stay open)
     owned: tuple[Closable, ...] = ()
 
@@ -105,11 +165,12 @@ class IngestWorker:
         """Until stopped, every `liveness.check_interval_s`: log connectors that fell silent
         (`SourceLiveness`), export the SoR's replication slots (`SlotWatch`, PostgreSQL) and
         close a WAL gap (a slot dropped or that lost WAL) or an offset gap (changes that
-        expired in Kafka unread) by reconciling every tenant."""
+        expired in Kafka unread) by reconciling every tenant (after an offset gap, only in the
+        tables whose topics had the gap)."""
         while not self.stop.wait(self.settings.liveness.check_interval_s):
             if self.liveness is not None:
                 self.liveness.check()
-            if self.offset_gaps.is_set():
+            if self.offset_gaps.pending():
                 self.close_offset_gaps()
             if self.slots is None:
                 continue
@@ -127,30 +188,40 @@ class IngestWorker:
                 )
 
     def close_offset_gaps(self) -> None:
-        """Reconcile every tenant with repair (whatever `reconcile.repair` says: changes are
-        known to be lost) after changes expired in Kafka unread (`OffsetGap`); without a SoR
-        the gap stays open and the error says what to do."""
-        self.offset_gaps.clear()
+        """Reconcile every tenant in the tables whose topics had an offset gap (`OffsetGap`:
+        changes expired in Kafka unread), with repair whatever `reconcile.repair` says
+        (changes are known to be lost); without a SoR the gap stays open and the error says
+        what to do."""
+        tables = self.offset_gaps.take()
+        if tables is not None and not tables:
+            return
+        named = "every table" if tables is None else ", ".join(sorted(tables))
         if self.sor is None:
             log.error(
-                "changes were lost to Kafka retention and no SoR is configured to reconcile "
-                "from: re-snapshot the affected tables (a new Debezium snapshot)"
+                "changes of %s were lost to Kafka retention and no SoR is configured to "
+                "reconcile from: re-snapshot the affected tables (a new Debezium snapshot)",
+                named,
             )
             return
-        log.warning("closing the offset gap: reconciling every tenant")
+        log.warning("closing the offset gap: reconciling every tenant in %s", named)
         try:
-            self.reconcile_once(repair=True)
+            self.reconcile_once(repair=True, tables=tables)
         except RagstreamError:
-            self.offset_gaps.set()  # retried at the next check
+            self.offset_gaps.restore(tables)  # retried at the next check
             log.exception(
-                "reconciling after an offset gap failed (retried at the next check); or run "
-                "`ragstream reconcile --tenant T --repair` for every tenant"
+                "reconciling %s after an offset gap failed (retried at the next check); or "
+                "run `ragstream reconcile --tenant T --repair` for every tenant",
+                named,
             )
 
-    def reconcile_once(self, *, repair: bool | None = None) -> list[ReconcileReport]:
+    def reconcile_once(
+        self, *, repair: bool | None = None, tables: frozenset[str] | None = None
+    ) -> list[ReconcileReport]:
         """Reconcile every tenant with an active index (repairing per `repair`, default the
-        settings' `reconcile.repair`) and export the drift totals as `ragstream_reconcile_*`
-        gauges."""
+        settings' `reconcile.repair`), in every table or only in `tables` (mapped table
+        labels). A run over every table exports the drift totals as `ragstream_reconcile_*`
+        gauges; a run over some tables only logs its reports (its totals would read as the
+        whole index's)."""
         if self.sor is None:
             raise ConfigError("reconciliation reads the system of record: set RAGSTREAM_SOR__KIND")
         reports = []
@@ -159,32 +230,36 @@ class IngestWorker:
                 break
             if self.registry.active_version(tenant) is None:
                 continue
-            report = reconcile(
-                tenant,
-                sor=self.sor,
-                store=self.store,
-                registry=self.registry,
-                handler=self.handler,
-                repair=self.settings.reconcile.repair if repair is None else repair,
-            )
-            log.info(
-                "reconcile %s: %d missing, %d extra, %d stale of %d SoR entities "
-                "(index %.2f s, SoR %.2f s, %d repaired, %d unchanged by the re-read, "
-                "%d raced, %d rejected)",
-                tenant,
-                len(report.missing),
-                len(report.extra),
-                len(report.stale),
-                report.sor_entities,
-                report.index_seconds,
-                report.sor_seconds,
-                report.repaired,
-                report.repair_unchanged,
-                report.repair_raced,
-                report.repair_rejected,
-            )
-            reports.append(report)
-        self.reconcile_metrics.record_all(reports)
+            for table in [None] if tables is None else sorted(tables):
+                report = reconcile(
+                    tenant,
+                    sor=self.sor,
+                    store=self.store,
+                    registry=self.registry,
+                    handler=self.handler,
+                    repair=self.settings.reconcile.repair if repair is None else repair,
+                    table=table,
+                )
+                log.info(
+                    "reconcile %s%s: %d missing, %d extra, %d stale of %d SoR entities "
+                    "(index %.2f s, SoR %.2f s, %d repaired, %d unchanged by the re-read, "
+                    "%d raced, %d rejected)",
+                    tenant,
+                    "" if table is None else f" in {table}",
+                    len(report.missing),
+                    len(report.extra),
+                    len(report.stale),
+                    report.sor_entities,
+                    report.index_seconds,
+                    report.sor_seconds,
+                    report.repaired,
+                    report.repair_unchanged,
+                    report.repair_raced,
+                    report.repair_rejected,
+                )
+                reports.append(report)
+        if tables is None:
+            self.reconcile_metrics.record_all(reports)
         return reports
 
     def reconcile_forever(self) -> None:
@@ -348,18 +423,18 @@ def build_worker(
         silent_after_s=settings.liveness.silent_after_s,
         heartbeats=settings.liveness.heartbeats,
     )
-    offset_gaps = threading.Event()
+    lost = LostTables(
+        lambda topic: None if (m := catalog.for_topic(topic)) is None else m.label,
+        settings.decode.heartbeat_topic_prefix,
+        [m.label for m in catalog],
+    )
     loop = ConsumerLoop(
         settings.kafka,
         consumer,
         ObservedHandler(handler, liveness),
         metrics,
         tracing=own_tracing,
-        on_offset_gaps=lambda gaps: (
-            offset_gaps.set()
-            if changes_lost(gaps, settings.decode.heartbeat_topic_prefix)
-            else None
-        ),
+        on_offset_gaps=lost.add,
     )
     return IngestWorker(
         settings=settings,
@@ -378,7 +453,7 @@ def build_worker(
         sor=sor,
         liveness=liveness,
         slots=SlotWatch(metrics, sor) if isinstance(sor, SlotSource) else None,
-        offset_gaps=offset_gaps,
+        offset_gaps=lost,
         owned=(
             *core.owned,
             *(p for _, p in other_models),

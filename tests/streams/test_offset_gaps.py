@@ -37,7 +37,7 @@ from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.events import Op
-from streams.app import IngestWorker, build_worker, changes_lost
+from streams.app import IngestWorker, LostTables, build_worker
 from streams.consumer import offset_gap
 from streams.liveness import LivenessSettings
 from streams.reconcile import reconcile
@@ -70,12 +70,37 @@ def test_a_committed_offset_below_the_low_watermark_names_the_expired_offsets() 
 
 
 @pytest.mark.unit
-def test_only_gaps_outside_the_heartbeat_topics_may_have_lost_changes() -> None:
+def test_an_offset_gap_names_the_tables_to_reconcile_and_heartbeats_none() -> None:
     heartbeat = offset_gap("__debezium-heartbeat.sor", 0, offset=5, low=90, high=100)
-    changes = offset_gap("sor.public.entities", 0, offset=5, low=90, high=100)
-    assert heartbeat is not None and changes is not None
-    assert not changes_lost([heartbeat], "__debezium-heartbeat")
-    assert changes_lost([heartbeat, changes], "__debezium-heartbeat")
+    entities = offset_gap("sor.public.entities", 0, offset=5, low=90, high=100)
+    tickets = offset_gap("sor.public.tickets", 3, offset=5, low=90, high=100)
+    unknown = offset_gap("elsewhere", 0, offset=5, low=90, high=100)
+    assert heartbeat is not None and entities is not None
+    assert tickets is not None and unknown is not None
+    tables = {
+        "sor.public.entities": "entities",
+        "sor.public.tickets": "tickets",
+        "sor.public.documents": "documents",
+    }
+    lost = LostTables(tables.get, "__debezium-heartbeat", tables.values())
+    lost.add([heartbeat])
+    assert not lost.pending()  # a heartbeat topic carries no change
+    assert lost.take() == frozenset()
+    lost.add([heartbeat, entities])
+    lost.add([tickets])
+    assert lost.pending()
+    assert lost.take() == frozenset({"entities", "tickets"})
+    assert not lost.pending()
+    lost.restore(frozenset({"tickets"}))  # a failed reconciliation is retried
+    assert lost.take() == frozenset({"tickets"})
+    lost.add([entities, unknown])  # a topic of no known table: every table, to be safe
+    assert lost.take() is None
+    documents = offset_gap("sor.public.documents", 0, offset=5, low=90, high=100)
+    assert documents is not None
+    lost.add([entities, tickets, documents])
+    assert lost.take() is None  # every table: one full run (its drift gauges are exported)
+    lost.restore(None)
+    assert lost.take() is None and lost.take() == frozenset()
 
 
 @pytest.mark.unit
