@@ -32,7 +32,7 @@ from numpy.typing import NDArray
 from ragcore.errors import ManifestMismatchError, RagstreamError
 from ragcore.fusion import FusedHit
 from ragcore.sparse import Bm25Encoder, Bm25Scorer, LexicalQuery, LexiconStats
-from ragcore.store.base import ScoredHit, StoreFilter, VectorStore
+from ragcore.store.base import ScoredHit, SparseVector, StoreFilter, VectorStore
 from ragcore.store.registry import IndexRegistry, ResolvedIndex
 from retrieval_api.evidence_score import (
     CalibrationError,
@@ -48,6 +48,31 @@ log = logging.getLogger(__name__)
 
 #: A never-calibrated index's lexical statistics are recounted after this long.
 PRIOR_LEXICON_TTL_S = 300.0
+
+
+#: `settled` searches a branch again for at most this many times its limit to close a tie.
+MAX_TIE_FETCH = 16
+
+
+def settled(
+    hits: Sequence[ScoredHit], limit: int, fetch: Callable[[int], Sequence[ScoredHit]]
+) -> tuple[ScoredHit, ...]:
+    """The best `limit` hits of a branch, ordered by score and then point id.
+
+    The engine returns equal scores in its storage order, which depends on how the points were
+    written and merged: two builds of the same index would cut a tie at the limit differently
+    (chunks of one template tie exactly in BM25, copies of one text in cosine), and so pick
+    other candidates, other evidence and another calibration. `hits` is the branch searched
+    for `limit + 1`: while the hit past the cut ties with the last one kept, the branch is
+    searched again for twice as many (up to `MAX_TIE_FETCH` x `limit`), so the whole tie is
+    seen and cut by point id. Ties rarely straddle the cut; then it costs one search more."""
+    if len(hits) > limit and hits[limit].score == hits[limit - 1].score:
+        tie = hits[limit - 1].score
+        want = len(hits)
+        while len(hits) == want and hits[-1].score == tie and want < MAX_TIE_FETCH * limit:
+            want = min(2 * want, MAX_TIE_FETCH * limit)
+            hits = fetch(want)
+    return tuple(sorted(hits, key=lambda h: (-h.score, h.point_id))[:limit])
 
 
 class CalibrationMismatchError(ManifestMismatchError):
@@ -361,19 +386,25 @@ class CandidateSearch:
         limit: int,
     ) -> tuple[Sequence[ScoredHit], Sequence[ScoredHit]]:
         c = self.config
+        store = self._store
+
+        def dense_branch(k: int) -> Sequence[ScoredHit]:
+            return store.search_dense(collection, vector, store_filter, limit=k)
+
+        # one hit past the cut tells whether a tie straddles it (`settled`)
         if not c.hybrid:
-            return self._store.search_dense(collection, vector, store_filter, limit=limit), ()
-        result = self._store.search_hybrid(
-            collection,
-            vector,
-            self.encoder.encode_query(text),
-            store_filter,
-            limit=limit,
-            prefetch_limit=limit,
+            return settled(dense_branch(limit + 1), limit, dense_branch), ()
+        encoded = self.encoder.encode_query(text)
+        result = store.search_hybrid(
+            collection, vector, encoded, store_filter, limit=limit + 1, prefetch_limit=limit + 1
         )
+
+        def sparse_branch(k: int) -> Sequence[ScoredHit]:
+            return store.search_sparse(collection, encoded, store_filter, limit=k)
+
         # a zero-weight channel supplies no candidates (its score is still computed)
-        dense = result.dense if c.dense_weight > 0 else ()
-        sparse = result.sparse if c.sparse_weight > 0 else ()
+        dense = settled(result.dense, limit, dense_branch) if c.dense_weight > 0 else ()
+        sparse = settled(result.sparse, limit, sparse_branch) if c.sparse_weight > 0 else ()
         return dense, sparse
 
     def _identifier_hits(
@@ -384,7 +415,11 @@ class CandidateSearch:
         out: list[ScoredHit] = []
         for token in query.identifiers:
             vector = self.encoder.encode_tokens([token])
-            out.extend(self._store.search_sparse(collection, vector, store_filter, limit=limit))
+
+            def branch(k: int, vector: SparseVector = vector) -> Sequence[ScoredHit]:
+                return self._store.search_sparse(collection, vector, store_filter, limit=k)
+
+            out.extend(settled(branch(limit + 1), limit, branch))
         return out
 
     @staticmethod
