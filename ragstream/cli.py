@@ -168,8 +168,13 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    import time
+
+    from ragcore.calibration_state import DEFAULT_STALE_RATIO, calibration_state
     from ragcore.embedding_models import EmbeddingModels
+    from ragcore.errors import IndexNotFoundError, RagstreamError
     from ragcore.rerankers import RerankerAdapter, build_reranker
+    from ragcore.store.base import StoreFilter
     from ragcore.wiring import build_core, open_store, payload_schema
     from retrieval_api.calibration import CalibrationSettings, calibrate_version
     from retrieval_api.candidates import CandidateSearch
@@ -183,11 +188,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     try:
         core = build_core(settings, store=store)
         owned.append(core)
-        index = core.registry.lookup(args.tenant, args.version)
-        others = [core.next_embedder] if core.next_embedder is not None else []
-        embedder = EmbeddingModels(core.embedder, others).for_manifest(
-            index.manifest, core.sparse.model_version
-        )
+        models = EmbeddingModels(core.embedder, [core.next_embedder] if core.next_embedder else [])
         reranker: RerankerAdapter | None = None
         if settings.retrieval.rerank_enabled and settings.reranker is not None:
             reranker = build_reranker(settings.reranker)
@@ -199,24 +200,28 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             registry=core.registry,
             rerank=reranker.score if reranker is not None else None,
         )
-        calibration = calibrate_version(
-            search,
-            core.registry,
-            index,
-            embedder,
-            core.store,
-            settings=CalibrationSettings(
-                positives=args.queries,
-                negatives=args.queries,
-                seed=args.seed,
-                max_false_abstention=args.max_false_abstention,
-            ),
-            with_rerank=reranker is not None,
-            progress=lambda line: print(f"calibrate: {line}", file=sys.stderr, flush=True),
+        fit = CalibrationSettings(
+            positives=args.queries,
+            negatives=args.queries,
+            seed=args.seed,
+            max_false_abstention=args.max_false_abstention,
         )
-        t = calibration.thresholds
-        print_json(
-            {
+
+        def calibrate(tenant: str, version: int | None) -> dict[str, Any]:
+            index = core.registry.lookup(tenant, version)
+            embedder = models.for_manifest(index.manifest, core.sparse.model_version)
+            calibration = calibrate_version(
+                search,
+                core.registry,
+                index,
+                embedder,
+                core.store,
+                settings=fit,
+                with_rerank=reranker is not None,
+                progress=lambda line: print(f"calibrate: {line}", file=sys.stderr, flush=True),
+            )
+            t = calibration.thresholds
+            return {
                 "tenant": index.tenant,
                 "version": index.version,
                 "index": index.collection,
@@ -225,11 +230,70 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                 "thresholds": {"hard": t.hard, "medium": t.medium, "high": t.high},
                 "report": calibration.report,
             }
+
+        if args.tenant is not None:
+            print_json(calibrate(args.tenant, args.version))
+            return 0
+        # every tenant's active version whose calibration is due (--stale) or all of them
+        started = time.monotonic()
+        due: list[tuple[float, str, dict[str, Any]]] = []
+        for tenant in sorted(core.registry.list_tenants()):
+            try:
+                index = core.registry.lookup(tenant, None)
+            except IndexNotFoundError:
+                continue  # no active version: nothing serves, nothing to calibrate
+            chunks = core.store.count(index.collection, StoreFilter(tenant_id=tenant))
+            state = calibration_state(
+                core.registry,
+                tenant,
+                index.version,
+                chunks,
+                stale_ratio=DEFAULT_STALE_RATIO if args.stale_ratio is None else args.stale_ratio,
+            )
+            if args.stale and state.state == "fitted":
+                continue
+            # the uncalibrated and the most changed first, larger indexes first among equals
+            change = state.change
+            urgency = float("inf") if change is None else change
+            due.append((urgency, tenant, {"version": index.version, **state.to_dict()}))
+        due.sort(key=lambda d: (-d[0], -int(d[2]["chunks"]), d[1]))
+        results: list[dict[str, Any]] = []
+        failed = 0
+        for _, tenant, before in due:
+            row: dict[str, Any] = {"tenant": tenant, "before": before}
+            if args.dry_run:
+                row["calibrated"] = False
+            elif args.max_seconds is not None and time.monotonic() - started > args.max_seconds:
+                row["calibrated"] = False
+                row["skipped"] = f"--max-seconds {args.max_seconds:g} spent (the next run goes on)"
+            else:
+                began = time.monotonic()
+                try:
+                    done = calibrate(tenant, before["version"])
+                except RagstreamError as exc:
+                    failed += 1
+                    row.update(calibrated=False, error=f"{type(exc).__name__}: {exc}")
+                else:
+                    row.update(
+                        calibrated=True,
+                        fingerprint=done["fingerprint"],
+                        thresholds=done["thresholds"],
+                        seconds=round(time.monotonic() - began, 2),
+                    )
+            results.append(row)
+        print_json(
+            {
+                "selected": "stale" if args.stale else "all",
+                "dry_run": args.dry_run,
+                "tenants": results,
+                "calibrated": sum(1 for r in results if r["calibrated"]),
+                "failed": failed,
+            }
         )
+        return 1 if failed else 0
     finally:
         for part in reversed(owned):
             part.close()
-    return 0
 
 
 def _hosted_store(settings: ServiceSettings) -> VectorStore | None:
@@ -635,8 +699,34 @@ def build_parser() -> argparse.ArgumentParser:
         "calibrate",
         help="fit an index version's evidence score (self-supervised) and store it with the index",
     )
-    p.add_argument("--tenant", required=True)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--tenant", help="this tenant's version (--version, default: active)")
+    which.add_argument(
+        "--stale",
+        action="store_true",
+        help="every tenant whose active version is uncalibrated, unreadable or stale (its chunk "
+        "count moved more than --stale-ratio since it was calibrated), most changed first",
+    )
+    which.add_argument("--all", action="store_true", help="every tenant's active version")
     p.add_argument("--version", type=int, default=None, help="index version (default: active)")
+    p.add_argument(
+        "--stale-ratio",
+        type=float,
+        default=None,
+        help="--stale: the share of chunks added or removed since calibrating that makes a "
+        "calibration stale (default: that of the worker's gauge, "
+        "RAGSTREAM_RECONCILE__CALIBRATION_STALE_RATIO's default 0.2)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="--stale/--all: list what is due, fit nothing"
+    )
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="--stale/--all: start no fit after this long (a nightly job with a time budget; "
+        "the most changed go first, the rest wait for the next run)",
+    )
     p.add_argument(
         "--queries", type=int, default=150, help="self-supervised positives (and negatives)"
     )

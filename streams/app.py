@@ -239,11 +239,12 @@ class IngestWorker:
                     handler=self.handler,
                     repair=self.settings.reconcile.repair if repair is None else repair,
                     table=table,
+                    calibration_stale_ratio=self.settings.reconcile.calibration_stale_ratio,
                 )
                 log.info(
                     "reconcile %s%s: %d missing, %d extra, %d stale of %d SoR entities "
                     "(index %.2f s, SoR %.2f s, %d repaired, %d unchanged by the re-read, "
-                    "%d raced, %d rejected)",
+                    "%d raced, %d rejected)%s",
                     tenant,
                     "" if table is None else f" in {table}",
                     len(report.missing),
@@ -256,6 +257,7 @@ class IngestWorker:
                     report.repair_unchanged,
                     report.repair_raced,
                     report.repair_rejected,
+                    _calibration_note(report),
                 )
                 reports.append(report)
         if tables is None:
@@ -302,6 +304,21 @@ class IngestWorker:
             resource.close()
 
 
+def _calibration_note(report: ReconcileReport) -> str:
+    """The log line's calibration part: only a calibration that needs refitting is named."""
+    state = report.calibration
+    if state is None or state.state == "fitted":
+        return ""
+    if state.state == "stale":
+        return (
+            f"; calibration stale (fitted on {state.calibrated_chunks} chunks, {state.chunks} "
+            "now): run `ragstream calibrate --stale`"
+        )
+    if state.state == "prior":
+        return "; never calibrated (scored by the prior): run `ragstream calibrate --stale`"
+    return f"; calibration unreadable ({state.error}): run `ragstream calibrate --stale`"
+
+
 def consumed_topics(topics: Sequence[str], settings: IngestSettings) -> tuple[str, ...]:
     """The topics to subscribe: the configured ones, each of which must carry a mapped table's
     changes (or heartbeats), or by default every mapped table's topic and (`liveness.heartbeats`)
@@ -326,12 +343,6 @@ def consumed_topics(topics: Sequence[str], settings: IngestSettings) -> tuple[st
             "them from RAGSTREAM_CONSUMER__TOPICS"
         )
     return tuple(topics)
-
-
-def changes_lost(gaps: Sequence[OffsetGap], heartbeat_prefix: str) -> bool:
-    """Whether offset gaps may have lost changes: a gap in a connector's heartbeat topic alone
-    loses none (it is counted and logged, but reconciling every tenant would repair nothing)."""
-    return any(not gap.topic.startswith(f"{heartbeat_prefix}.") for gap in gaps)
 
 
 def build_worker(

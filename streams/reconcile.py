@@ -19,6 +19,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from ragcore.calibration_state import (
+    CALIBRATION_STATES,
+    DEFAULT_STALE_RATIO,
+    CalibrationState,
+    calibration_state,
+)
 from ragcore.errors import SorTableError
 from ragcore.mapping import table_of_entity
 from ragcore.sor.base import SystemOfRecord, tables_of
@@ -85,6 +91,9 @@ class ReconcileReport:
     #: drifted entities the SoR holds but that cannot be indexed (see the worker's log)
     repair_rejected: int = 0
     repair_seconds: float = 0.0
+    #: the version's evidence calibration against its chunks now (a run over every table of a
+    #: version only: `ragcore.calibration_state`)
+    calibration: CalibrationState | None = None
 
     @property
     def drift(self) -> int:
@@ -99,6 +108,7 @@ class ReconcileReport:
     def to_dict(self, *, sample: int = 20) -> dict[str, Any]:
         """JSON form with counts and the first `sample` ids of each kind."""
         doc = asdict(self)
+        doc["calibration"] = None if self.calibration is None else self.calibration.to_dict()
         for kind in (*DRIFT_KINDS, *BLIND_KINDS):
             ids = doc.pop(kind)
             doc[kind] = {"count": len(ids), "ids": sorted(ids)[:sample]}
@@ -133,6 +143,15 @@ class ReconcileMetrics:
             ["kind"],
             registry=registry,
         )
+        self.calibration = Gauge(
+            "ragstream_tenants_calibration",
+            "Tenants with an active index at the last reconciliation, by the state of its "
+            "evidence calibration: fitted, stale (its chunk count moved more than "
+            "RAGSTREAM_RECONCILE__CALIBRATION_STALE_RATIO since), prior (never calibrated), "
+            "unreadable. `ragstream calibrate --stale` refits the stale and the uncalibrated.",
+            ["state"],
+            registry=registry,
+        )
         self.last_run = Gauge(
             "ragstream_reconcile_last_run_timestamp_seconds",
             "Unix time of the last reconciliation.",
@@ -152,6 +171,10 @@ class ReconcileMetrics:
         self.due.set(
             sum(r.placement == "shared" and r.points_scanned > self._threshold for r in reports)
         )
+        for state in CALIBRATION_STATES:
+            self.calibration.labels(state).set(
+                sum(r.calibration is not None and r.calibration.state == state for r in reports)
+            )
         self.last_run.set(time.time())
 
 
@@ -166,11 +189,13 @@ def reconcile(
     batch: int = 1000,
     version: int | None = None,
     table: str | None = None,
+    calibration_stale_ratio: float = DEFAULT_STALE_RATIO,
 ) -> ReconcileReport:
     """Compare the tenant's SoR rows with an index version (default: the active one), table by
     table (or only `table`, a mapped table's name); repair through `handler`, which must write
     to that version (the worker's handler writes to the active and building versions; the
-    reindex job's handler to the version it builds)."""
+    reindex job's handler to the version it builds). A run over every table also judges the
+    version's calibration against the chunks it scrolled (`report.calibration`)."""
     mappings = tables_of(sor.catalog, table)
     if version is None:
         version = registry.active_version(tenant)
@@ -193,6 +218,13 @@ def reconcile(
         points_scanned=points,
         placement=placement,
         index_seconds=round(index_s, 3),
+        calibration=(
+            calibration_state(
+                registry, tenant, version, points, stale_ratio=calibration_stale_ratio
+            )
+            if version is not None and table is None
+            else None
+        ),
     )
     by_table: dict[str, list[str]] = {}
     for entity_id in indexed:

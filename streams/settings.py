@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ragcore.calibration_state import DEFAULT_STALE_RATIO
 from ragcore.embedders.cache import EmbeddingCacheConfig
 from ragcore.settings import ServiceSettings
 from streams.consumer import ConsumerConfig
@@ -44,6 +45,13 @@ class ReconcileSettings(BaseModel):
         description="Seconds between runs (first run after one interval); 0 = off.",
     )
     repair: bool = Field(default=True, description="Re-read drifted entities from the SoR.")
+    calibration_stale_ratio: float = Field(
+        default=DEFAULT_STALE_RATIO,
+        gt=0,
+        description="A version's evidence calibration counts as stale (gauge "
+        "`ragstream_tenants_calibration`) once its chunk count moved by more than this share "
+        "of the chunks it was fitted on.",
+    )
 
 
 class IngestSettings(ServiceSettings):

@@ -154,6 +154,7 @@ def test_default_render_is_valid_for_kubernetes(helm: Path, chart: Path, version
         [
             "ConfigMap",  # settings
             "ConfigMap",  # Grafana dashboard
+            "CronJob",  # calibrate --stale
             "Deployment",
             "Deployment",
             "HorizontalPodAutoscaler",
@@ -234,9 +235,14 @@ def test_ingest_replicas_may_not_exceed_the_partition_count(helm: Path, chart: P
 def test_pods_run_non_root_on_a_read_only_root_with_writable_scratch(
     helm: Path, chart: Path
 ) -> None:
-    for deployment in by_kind(render(helm, chart), "Deployment"):
-        pod = deployment["spec"]["template"]["spec"]
-        c = container(deployment)
+    manifests = render(helm, chart)
+    pods = [d["spec"]["template"]["spec"] for d in by_kind(manifests, "Deployment")]
+    pods += [
+        j["spec"]["jobTemplate"]["spec"]["template"]["spec"] for j in by_kind(manifests, "CronJob")
+    ]
+    assert len(pods) == 3
+    for pod in pods:
+        (c,) = pod["containers"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] != 0
         assert pod["automountServiceAccountToken"] is False
@@ -247,7 +253,7 @@ def test_pods_run_non_root_on_a_read_only_root_with_writable_scratch(
         volumes = {v["name"]: v for v in pod["volumes"]}
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
         for path in ("/tmp", "/var/cache/ragstream"):
-            assert "emptyDir" in volumes[mounts[path]], (deployment["metadata"]["name"], path)
+            assert "emptyDir" in volumes[mounts[path]], (c["name"], path)
 
 
 def test_retrieve_uses_native_grpc_probes_and_a_grpc_service(helm: Path, chart: Path) -> None:
@@ -306,7 +312,11 @@ def _pod_env(manifests: list[Manifest], component: str) -> tuple[dict[str, str],
     configmap = next(
         m for m in by_kind(manifests, "ConfigMap") if m["metadata"]["name"].endswith("-config")
     )
-    c = container(one(manifests, "Deployment", component))
+    if component == "calibrate":
+        job = one(manifests, "CronJob", component)["spec"]["jobTemplate"]["spec"]["template"]
+        (c,) = job["spec"]["containers"]
+    else:
+        c = container(one(manifests, "Deployment", component))
     assert c["envFrom"] == [{"configMapRef": {"name": configmap["metadata"]["name"]}}]
     values = dict(configmap["data"])
     names = set(values)
@@ -320,7 +330,7 @@ def _pod_env(manifests: list[Manifest], component: str) -> tuple[dict[str, str],
 def test_every_variable_the_pods_get_is_a_settings_field(helm: Path, chart: Path) -> None:
     known = all_settings_env_names()
     manifests = render(helm, chart, *OPENAI)
-    for component in ("ingest", "retrieve"):
+    for component in ("ingest", "retrieve", "calibrate"):
         _, names = _pod_env(manifests, component)
         assert names - known == set(), component
 
@@ -332,7 +342,12 @@ def test_pod_environment_parses_into_the_settings_classes(
     from streams.settings import IngestSettings
 
     manifests = render(helm, chart, *OPENAI)
-    for component, settings_class in (("ingest", IngestSettings), ("retrieve", RetrieveSettings)):
+    components: tuple[tuple[str, type[IngestSettings | RetrieveSettings]], ...] = (
+        ("ingest", IngestSettings),
+        ("retrieve", RetrieveSettings),
+        ("calibrate", RetrieveSettings),  # `ragstream calibrate` reads Retrieve's settings
+    )
+    for component, settings_class in components:
         values, _ = _pod_env(manifests, component)
         for key in list(os.environ):
             if key.startswith("RAGSTREAM_"):
@@ -348,6 +363,50 @@ def test_pod_environment_parses_into_the_settings_classes(
         "sor.public.entities",
         "__debezium-heartbeat.sor",
     ]
+
+
+def test_a_nightly_job_refits_stale_calibrations_with_retrieves_settings(
+    helm: Path, chart: Path
+) -> None:
+    result = run_helm(
+        helm,
+        chart,
+        "template",
+        "rs",
+        str(chart),
+        *set_args(
+            (
+                "retrieve.calibration.schedule=0 2 * * 6",
+                "retrieve.calibration.maxSeconds=600",
+                "retrieve.extraEnv[0].name=RAGSTREAM_RETRIEVAL__CANDIDATE_MULTIPLIER",
+            )
+        ),
+        "--set-string",
+        "retrieve.extraEnv[0].value=6",
+        "--set-json",  # --set keeps 0.3 a string
+        "retrieve.calibration.staleRatio=0.3",
+    )
+    manifests = load_yaml_documents(result.stdout)
+    job = one(manifests, "CronJob", "calibrate")
+    assert job["spec"]["schedule"] == "0 2 * * 6"
+    assert job["spec"]["concurrencyPolicy"] == "Forbid"
+    spec = job["spec"]["jobTemplate"]["spec"]
+    assert spec["activeDeadlineSeconds"] == 600 + 3600
+    (c,) = spec["template"]["spec"]["containers"]
+    assert c["command"][-6:] == [
+        "calibrate",
+        "--stale",
+        "--stale-ratio",
+        "0.3",
+        "--max-seconds",
+        "600",
+    ]
+    # the fit must search as Retrieve searches: Retrieve's own extra settings reach it
+    retrieve_env = container(one(manifests, "Deployment", "retrieve"))["env"]
+    assert {"name": "RAGSTREAM_RETRIEVAL__CANDIDATE_MULTIPLIER", "value": "6"} in c["env"]
+    assert {"name": "RAGSTREAM_RETRIEVAL__CANDIDATE_MULTIPLIER", "value": "6"} in retrieve_env
+    assert by_kind(render(helm, chart, "retrieve.calibration.enabled=false"), "CronJob") == []
+    assert by_kind(render(helm, chart, "retrieve.enabled=false"), "CronJob") == []
 
 
 QUOTAS = {

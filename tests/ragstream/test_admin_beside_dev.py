@@ -9,7 +9,7 @@ import json
 import pytest
 
 from ragcore.store.host import ADVERTISEMENT
-from tests.ragdev.test_dev_stack import entity_ids
+from tests.ragdev.test_dev_stack import entity_ids, wait_for
 from tests.ragstream.conftest import RunningDev, dev_env_mode
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -37,6 +37,9 @@ def test_index_and_reconcile_run_beside_the_live_stack(running_dev: RunningDev) 
     assert reconciled.returncode == 0, reconciled.stdout + reconciled.stderr
     report = json.loads(reconciled.stdout)
     assert report["drift"] == 0 and report["sor_entities"] > 0, report
+    # the dev stack calibrated every tenant at start, on the chunks it holds now
+    assert report["calibration"]["state"] == "fitted", report["calibration"]
+    assert report["calibration"]["chunks"] == report["points_scanned"]
 
 
 def test_calibrate_and_reindex_beside_the_live_stack_which_then_serves_the_new_version(
@@ -58,3 +61,40 @@ def test_calibrate_and_reindex_beside_the_live_stack_which_then_serves_the_new_v
     assert (after["index_name"], after["index_version"]) == ("rag__globex__v2", 2)
     assert after["status"] == before["status"]
     assert entity_ids(after) == entity_ids(before)  # same content, same model: same answer
+
+
+def test_calibrate_stale_refits_only_the_tenants_whose_index_moved_since(
+    running_dev: RunningDev,
+) -> None:
+    """Listed first (`--dry-run`), then refitted: only acme, after a row was added to it."""
+
+    def due(*args: str) -> dict[str, dict[str, object]]:
+        listed = running_dev.run("calibrate", *args, "--dry-run")
+        assert listed.returncode == 0, listed.stderr
+        doc = json.loads(listed.stdout)
+        assert doc["calibrated"] == 0 and doc["dry_run"] is True
+        return {t["tenant"]: t["before"] for t in doc["tenants"]}
+
+    everyone = due("--all")
+    assert set(everyone) == {"acme", "globex"}
+    assert {t["state"] for t in everyone.values()} == {"fitted"}
+    assert due("--stale", "--stale-ratio", "0.01") == {}
+
+    running_dev.dev.cli(
+        "sor", "put", "--tenant", "acme", "--id", "calibration-canary",
+        "--text", "The canary of the calibration test sings in the server room at dawn.",
+    )  # fmt: skip
+    canary = "entities:calibration-canary"
+    question = "where does the canary sing?"
+    wait_for(lambda: canary in entity_ids(running_dev.dev.query("acme", question)))
+    stale = due("--stale", "--stale-ratio", "0.01")
+    assert set(stale) == {"acme"}, stale
+    assert stale["acme"]["state"] == "stale"
+    assert stale["acme"]["chunks"] == int(str(everyone["acme"]["chunks"])) + 1
+
+    refit = running_dev.run("calibrate", "--stale", "--stale-ratio", "0.01", "--queries", "20")
+    assert refit.returncode == 0, refit.stderr
+    doc = json.loads(refit.stdout)
+    assert [(t["tenant"], t["calibrated"]) for t in doc["tenants"]] == [("acme", True)]
+    assert doc["failed"] == 0
+    assert due("--stale", "--stale-ratio", "0.01") == {}

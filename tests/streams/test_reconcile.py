@@ -4,6 +4,7 @@ found exactly, and `--repair` fixes it through the normal write path."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from psycopg.rows import dict_row
 from pydantic import SecretStr
 
+from ragcore.calibration_state import CalibrationState
 from ragcore.kafka_config import KafkaSettings
 from ragcore.settings import SorSettings, StoreSettings
 from ragcore.sparse import Bm25Encoder
@@ -148,6 +150,9 @@ def test_the_worker_reconciles_on_schedule_repairs_and_exports_the_drift(env: En
     (report,) = worker.reconcile_once()
     assert (report.missing, report.extra, report.repaired) == ([eid("ent-0")], [eid("ent-3")], 2)
     assert gauge("missing")._value.get() == 1 and gauge("extra")._value.get() == 1
+    states = worker.reconcile_metrics.calibration.labels
+    assert report.calibration is not None and report.calibration.state == "prior"
+    assert states("prior")._value.get() == 1 and states("fitted")._value.get() == 0
 
     # the scheduled loop: runs after each interval until the worker stops
     fast = worker.settings.model_copy(
@@ -167,9 +172,46 @@ def test_the_worker_reconciles_on_schedule_repairs_and_exports_the_drift(env: En
     assert reconcile("acme", sor=worker.sor, store=env.store, registry=worker.registry).drift == 0
 
 
+def test_the_reconcile_pass_judges_each_calibration_against_the_chunks_it_scrolled(
+    env: Env,
+) -> None:
+    rng = random.Random(7)
+    for n in range(5):
+        env.put(f"ent-{n}", content(rng, 1))
+    worker = env.worker
+    registry, sor = worker.registry, worker.sor
+    assert sor is not None
+
+    def judged() -> CalibrationState:
+        report = reconcile("acme", sor=sor, store=env.store, registry=registry)
+        assert report.calibration is not None
+        return report.calibration
+
+    assert judged().state == "prior"
+    chunks = judged().chunks
+    assert chunks == 5
+    # what `ragstream calibrate` stores, reduced to what the judgement reads
+    fitted = {"fitted_at": "2026-11-26T08:00:00+00:00", "lexicon": {"n_docs": chunks}}
+    registry.save_calibration("acme", 1, json.dumps(fitted))
+    assert judged() == CalibrationState("fitted", 5, 5, "2026-11-26T08:00:00+00:00")
+    env.put("ent-5", content(rng, 1))  # 6 of 5: moved by 0.2, not more
+    assert judged().state == "fitted"
+    env.put("ent-6", content(rng, 1))
+    stale = judged()
+    assert (stale.state, stale.chunks, stale.calibrated_chunks) == ("stale", 7, 5)
+    registry.save_calibration("acme", 1, "{not json")
+    assert judged().state == "unreadable"
+    # a run over one table leaves the calibration alone (its gauge belongs to full runs)
+    one_table = reconcile("acme", sor=sor, store=env.store, registry=registry, table="entities")
+    assert one_table.calibration is None
+
+
 def test_placement_gauges_count_tenants_and_due_promotions() -> None:
     def report(tenant: str, placement: Placement, points: int) -> ReconcileReport:
-        return ReconcileReport(tenant, f"rag__{tenant}__v1", 0, 0, points, placement=placement)
+        state = CalibrationState("stale" if tenant == "grown" else "fitted", points, 10)
+        return ReconcileReport(
+            tenant, f"rag__{tenant}__v1", 0, 0, points, placement=placement, calibration=state
+        )
 
     registry = CollectorRegistry()
     ReconcileMetrics(registry, dedicated_above_points=100).record_all(
@@ -181,6 +223,9 @@ def test_placement_gauges_count_tenants_and_due_promotions() -> None:
     )
     gauge = registry.get_sample_value
     assert gauge("ragstream_tenants", {"placement": "shared"}) == 2
+    assert gauge("ragstream_tenants_calibration", {"state": "fitted"}) == 2
+    assert gauge("ragstream_tenants_calibration", {"state": "stale"}) == 1
+    assert gauge("ragstream_tenants_calibration", {"state": "prior"}) == 0
     assert gauge("ragstream_tenants", {"placement": "dedicated"}) == 1
     assert gauge("ragstream_tenants_due_for_promotion") == 1
 
