@@ -27,6 +27,9 @@ from ragcore.errors import EmbeddingUnavailableError
 from ragcore.grpc_codes import SERVER_ERROR_CODES
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
+from retrieval_api.calibration import CalibrationSettings, calibrate_version
+from retrieval_api.candidates import CandidateSearch
+from retrieval_api.pipeline_settings import RetrievalConfig
 from tests.deploy.live_stack import (
     ACME_ROWS,
     PROMOTE_ABOVE,
@@ -146,6 +149,44 @@ def drift_injected(stack: LiveStack) -> Callable[[], None]:
     return recover
 
 
+def fit_calibration(stack: LiveStack, tenant: str) -> None:
+    """What `ragstream calibrate --stale` does for one tenant (the nightly job), with fewer
+    practice queries than its default: the stack's embedder is a hash, not a language model."""
+    worker = stack.worker
+    search = CandidateSearch(
+        config=RetrievalConfig(),
+        encoder=worker.sparse,
+        store=worker.store,
+        registry=worker.registry,
+    )
+    index = worker.registry.lookup(tenant, None)
+    settings = CalibrationSettings(positives=40, negatives=40)
+    calibrate_version(
+        search, worker.registry, index, worker.embedder, worker.store, settings=settings
+    )
+
+
+def calibration_goes_stale(stack: LiveStack) -> Callable[[], None]:
+    """acme is calibrated, then grows by more than the stale ratio (0.2) of its chunks: the
+    reconcile run finds its calibration stale. The fix is the nightly job's refit."""
+    fit_calibration(stack, "acme")
+    keys = [f"new-content-{n:03d}" for n in range(ACME_ROWS // 4)]
+    stack.put_rows("acme", keys, lambda n: f"New content row {n}.")
+    stack.wait_indexed("acme", keys[-1])
+    reports = stack.worker.reconcile_once()
+    states = {r.tenant: r.calibration.state for r in reports if r.calibration is not None}
+    assert states["acme"] == "stale", states
+
+    def recover() -> None:
+        fit_calibration(stack, "acme")
+        (acme,) = [r for r in stack.worker.reconcile_once() if r.tenant == "acme"]
+        assert acme.calibration is not None and acme.calibration.state == "fitted"
+        # the rows go again: 130 of the 162 chunks fitted on moves by less than 0.2
+        stack.cleanups.append(lambda: stack.delete_rows(keys))
+
+    return recover
+
+
 def tenant_outgrows_the_shared_pool(stack: LiveStack) -> Callable[[], None]:
     """acme grows above the promotion threshold; the reconcile run counts it."""
     keys = [f"grow-{n:03d}" for n in range(PROMOTE_ABOVE - ACME_ROWS + 20)]
@@ -260,6 +301,9 @@ SCENARIOS: dict[str, Scenario] = {
         "tokens file broken", credentials_file_broken, RETRIEVE
     ),
     "RagstreamReconcileDrift": Scenario("drift injected", drift_injected, INGEST),
+    "RagstreamCalibrationStale": Scenario(
+        "index grew past its calibration", calibration_goes_stale, INGEST
+    ),
     "RagstreamTenantsDueForPromotion": Scenario(
         "tenant due for promotion", tenant_outgrows_the_shared_pool, INGEST
     ),

@@ -35,6 +35,7 @@ EXPECTED_ALERTS = {
     "RagstreamRetrieveStaleExclusionSpike",
     "RagstreamRetrieveConfigReloadFailing",
     "RagstreamReconcileDrift",
+    "RagstreamCalibrationStale",
     "RagstreamTenantsDueForPromotion",
     "RagstreamSchemaDrift",
     "RagstreamSourceSilent",
