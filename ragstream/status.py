@@ -52,7 +52,14 @@ HANDLING = "grpc_server_handling_seconds"
 HANDLED = "grpc_server_handled_total"
 REQUESTS = "ragstream_retrieve_requests_total"
 DUE = "ragstream_tenants_due_for_promotion"
+CALIBRATION = "ragstream_tenants_calibration"
+#: The calibration states a refit is due for (`ragcore.calibration_state`).
+REFIT_STATES = ("stale", "unreadable")
 ADMISSION = "ragstream_retrieve_admission_total"
+
+
+STALE_ROW = "tenants with a stale calibration"
+REFIT_NOTE = "`ragstream calibrate --stale` refits them"
 
 
 class StatusError(RagstreamError):
@@ -361,6 +368,12 @@ def from_metrics(
         if exported(DUE)
         else _row("tenants due for promotion", None, _count, None, missing=NOT_EXPORTED)
     )
+    stale, _ = view.counter(CALIBRATION, lambda labels: labels.get("state") in REFIT_STATES)
+    rows.append(
+        _row(STALE_ROW, stale, _count, None, note=REFIT_NOTE)
+        if exported(CALIBRATION)
+        else _row(STALE_ROW, None, _count, None, missing=NOT_EXPORTED)
+    )
     return Report(", ".join(urls), rows, standing_out(view))
 
 
@@ -498,6 +511,8 @@ def from_prometheus(base: str, slos: Slos, selector: str = "") -> Report:
         return _scalar(_query(base, promql))
 
     retrieve = 'grpc_method="Retrieve"'
+    refit = "|".join(REFIT_STATES)
+    stale_calibrations = m(CALIBRATION, f'state=~"{refit}"')
     codes = "|".join(SERVER_ERROR_CODES)
 
     def p95(histogram: str, extra: str = "") -> str:
@@ -551,6 +566,14 @@ def from_prometheus(base: str, slos: Slos, selector: str = "") -> Report:
             "5 min",
         ),
         ("tenants due for promotion", DUE, lambda: q(f"max({m(DUE)})"), _count, None, ""),
+        (
+            STALE_ROW,
+            CALIBRATION,
+            lambda: q(f"sum(max by (state) ({stale_calibrations})) or vector(0)"),
+            _count,
+            None,
+            REFIT_NOTE,
+        ),
     ]
     rows = [
         _row(name, value(), fmt, limit, note=note)

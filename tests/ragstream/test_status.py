@@ -11,10 +11,28 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
 
+from ragcore.calibration_state import CalibrationState
 from ragdev.services.tansu import free_port
-from ragstream.status import NOT_EXPORTED, Slos, _bucket_quantile, _View, parse, standing_out
+from ragstream.status import (
+    NOT_EXPORTED,
+    STALE_ROW,
+    Slos,
+    _bucket_quantile,
+    _View,
+    from_metrics,
+    parse,
+    standing_out,
+)
+from streams.reconcile import ReconcileMetrics, ReconcileReport
 from tests.ragstream.conftest import RunningDev
 
 BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0)
@@ -70,6 +88,33 @@ def test_a_tenant_far_above_the_others_and_refused_tenants_stand_out() -> None:
         "large: 7 refused (throttled)",
         "noisy: 40 in ragstream_example_in_flight (others' median 1)",
     ]
+
+
+@pytest.mark.unit
+def test_stale_calibrations_are_counted_from_the_workers_gauge() -> None:
+    registry = CollectorRegistry()
+    metrics = ReconcileMetrics(registry)
+    server, thread = start_http_server(0, "127.0.0.1", registry=registry)
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    try:
+        metrics.record_all(
+            [
+                ReconcileReport(t, f"rag__{t}__v1", 0, 0, 10, calibration=state)
+                for t, state in (
+                    ("a", CalibrationState("stale", 20, 10)),
+                    ("b", CalibrationState("unreadable", 10, error="bad")),
+                    ("c", CalibrationState("prior", 10)),
+                    ("d", CalibrationState("fitted", 10, 10)),
+                )
+            ]
+        )
+        rows = {r.name: r for r in from_metrics([url], Slos(), window_s=0).rows}
+    finally:
+        server.shutdown()
+        thread.join(5)
+    row = rows[STALE_ROW]
+    assert (row.value, row.breached) == (2, False)  # stale and unreadable; the prior is not
+    assert "ragstream calibrate --stale" in row.note
 
 
 @pytest.mark.integration
@@ -201,6 +246,7 @@ def test_status_reads_a_prometheus_that_scrapes_the_stack(
         assert rows["Retrieve server error rate"]["value"] == 0.0
         assert rows["DLQ records per hour"]["value"] == 0
         assert rows["tenants due for promotion"]["shown"] in ("0", NOT_EXPORTED)
+        assert rows[STALE_ROW]["shown"] in ("0", NOT_EXPORTED)  # the dev stack calibrates
         strict = running_dev.run(
             "status",
             "--prometheus",
