@@ -96,6 +96,13 @@ class CalibrationSettings:
     significance: float = 0.05
     choices: tuple[RankingChoice, ...] = ORDER_CHOICES
 
+    def __post_init__(self) -> None:
+        if self.threshold_folds < 2 or self.threshold_queries < 1:
+            raise ValueError(
+                f"threshold_folds must be >= 2 and threshold_queries >= 1, got "
+                f"{self.threshold_folds} and {self.threshold_queries}"
+            )
+
 
 @dataclass
 class _Example:

@@ -73,6 +73,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         negatives=args.calibration_queries,
         seed=args.seed,
         max_false_abstention=args.max_false_abstention,
+        threshold_queries=args.threshold_queries or CalibrationSettings.threshold_queries,
     )
     results = run_eval(
         evalset,
@@ -267,8 +268,14 @@ def register(sub: Any) -> None:
         "--max-false-abstention",
         type=float,
         default=0.2,
-        help="calibration: the hard threshold keeps at most this share of held-out "
-        "answerable queries from abstaining",
+        help="calibration: the hard threshold keeps at most this share of the answerable "
+        "calibration queries (scored out of fold) from abstaining",
+    )
+    p.add_argument(
+        "--threshold-queries",
+        type=int,
+        default=None,
+        help="calibration: choose the hard threshold on this many times --calibration-queries",
     )
     p.set_defaults(func=_cmd_eval)
 

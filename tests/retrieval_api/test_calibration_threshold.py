@@ -107,3 +107,11 @@ def test_every_decidable_query_is_scored_once_by_models_that_did_not_see_it(
     assert sum(b < hard for b in negatives) / len(negatives) > 0.8
     assert sum(b < hard for b in positives) / len(positives) <= 0.2
     assert info["balanced_accuracy"] > 0.8
+
+
+@pytest.mark.parametrize(("folds", "queries"), [(1, 4), (5, 0)])
+def test_settings_refuse_fewer_than_two_folds_or_no_threshold_queries(
+    folds: int, queries: int
+) -> None:
+    with pytest.raises(ValueError, match="threshold_folds must be >= 2"):
+        CalibrationSettings(threshold_folds=folds, threshold_queries=queries)
