@@ -205,12 +205,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             index,
             embedder,
             core.store,
-            settings=CalibrationSettings(
-                positives=args.queries,
-                negatives=args.queries,
+            settings=CalibrationSettings.from_command(
+                args.queries,
                 seed=args.seed,
                 max_false_abstention=args.max_false_abstention,
-                threshold_queries=args.threshold_queries or CalibrationSettings.threshold_queries,
+                threshold_queries=args.threshold_queries,
             ),
             with_rerank=reranker is not None,
             progress=lambda line: print(f"calibrate: {line}", file=sys.stderr, flush=True),

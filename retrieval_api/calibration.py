@@ -96,6 +96,25 @@ class CalibrationSettings:
     significance: float = 0.05
     choices: tuple[RankingChoice, ...] = ORDER_CHOICES
 
+    @classmethod
+    def from_command(
+        cls,
+        queries: int,
+        *,
+        seed: int,
+        max_false_abstention: float,
+        threshold_queries: int | None,
+    ) -> CalibrationSettings:
+        """The settings of a command's options: `queries` positives and as many negatives;
+        `threshold_queries` None keeps the default multiple."""
+        return cls(
+            positives=queries,
+            negatives=queries,
+            seed=seed,
+            max_false_abstention=max_false_abstention,
+            threshold_queries=threshold_queries or cls.threshold_queries,
+        )
+
     def __post_init__(self) -> None:
         if self.threshold_folds < 2 or self.threshold_queries < 1:
             raise ValueError(

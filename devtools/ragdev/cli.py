@@ -68,12 +68,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    calibration = CalibrationSettings(
-        positives=args.calibration_queries,
-        negatives=args.calibration_queries,
+    calibration = CalibrationSettings.from_command(
+        args.calibration_queries,
         seed=args.seed,
         max_false_abstention=args.max_false_abstention,
-        threshold_queries=args.threshold_queries or CalibrationSettings.threshold_queries,
+        threshold_queries=args.threshold_queries,
     )
     results = run_eval(
         evalset,

@@ -115,3 +115,16 @@ def test_settings_refuse_fewer_than_two_folds_or_no_threshold_queries(
 ) -> None:
     with pytest.raises(ValueError, match="threshold_folds must be >= 2"):
         CalibrationSettings(threshold_folds=folds, threshold_queries=queries)
+
+
+def test_command_settings_keep_the_default_multiple_unless_given() -> None:
+    default = CalibrationSettings.from_command(
+        40, seed=2, max_false_abstention=0.1, threshold_queries=None
+    )
+    assert (default.positives, default.negatives, default.seed) == (40, 40, 2)
+    assert default.max_false_abstention == 0.1
+    assert default.threshold_queries == CalibrationSettings().threshold_queries == 4
+    given = CalibrationSettings.from_command(
+        40, seed=2, max_false_abstention=0.1, threshold_queries=1
+    )
+    assert given.threshold_queries == 1
