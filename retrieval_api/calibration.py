@@ -15,11 +15,15 @@
    candidates of the answerable queries: answer or not).
 5. *Choose*, on the held-out queries: the result order (fusions of the cosine and BM25 and the
    evidence score itself, by nDCG@10 of the positives; the configured fusion, convex 0.5/0.5
-   by default, is kept unless another order is better with paired-bootstrap p < 0.05) and the
-   hard threshold (the highest balanced accuracy of abstention, with at most
-   `max_false_abstention` of the positives abstaining).
-The report holds the held-out expected calibration error, abstention precision/recall and the
-order table. The same index, settings and seed give the same calibration (`fingerprint`).
+   by default, is kept unless another order is better with paired-bootstrap p < 0.05).
+6. *Threshold*, cross-fitted: the queries of step 2 and `threshold_queries - 1` times as many
+   more, generated for the threshold alone, in K folds (split by query, stratified); each
+   fold's max evidence scored by both models fitted on the other folds; on these out-of-fold
+   scores, the hard threshold with the highest balanced accuracy of abstention, with at most
+   `max_false_abstention` of the positives abstaining. The served models are those of step 4.
+The report holds the held-out expected calibration error, abstention precision/recall (the
+served models on the held-out queries, at the cross-fitted threshold) and the order table.
+The same index, settings and seed give the same calibration (`fingerprint`).
 """
 
 from __future__ import annotations
@@ -84,8 +88,39 @@ class CalibrationSettings:
     top_k: int = 10
     l2: float = 1.0
     max_false_abstention: float = 0.2
+    #: folds of the cross-fitted hard threshold (`_cross_fitted_best`)
+    threshold_folds: int = 5
+    #: the threshold is chosen on this many times the models' queries (the others are generated
+    #: for it alone; docs/decisions/abstention-threshold.md)
+    threshold_queries: int = 4
     significance: float = 0.05
     choices: tuple[RankingChoice, ...] = ORDER_CHOICES
+
+    @classmethod
+    def from_command(
+        cls,
+        queries: int,
+        *,
+        seed: int,
+        max_false_abstention: float,
+        threshold_queries: int | None,
+    ) -> CalibrationSettings:
+        """The settings of a command's options: `queries` positives and as many negatives;
+        `threshold_queries` None keeps the default multiple."""
+        return cls(
+            positives=queries,
+            negatives=queries,
+            seed=seed,
+            max_false_abstention=max_false_abstention,
+            threshold_queries=threshold_queries or cls.threshold_queries,
+        )
+
+    def __post_init__(self) -> None:
+        if self.threshold_folds < 2 or self.threshold_queries < 1:
+            raise ValueError(
+                f"threshold_folds must be >= 2 and threshold_queries >= 1, got "
+                f"{self.threshold_folds} and {self.threshold_queries}"
+            )
 
 
 @dataclass
@@ -165,6 +200,18 @@ def _split(examples: Sequence[_Example], holdout: float, seed: int) -> None:
         cut = round(len(group) * holdout)
         for rank, i in enumerate(order):
             group[int(i)].train = rank >= cut
+
+
+def _folds(examples: Sequence[_Example], k: int, seed: int) -> list[int]:
+    """A fold in [0, k) for every example: by query, stratified by answerability, each class
+    dealt round-robin in a seeded random order (fold sizes differ by at most one per class)."""
+    rng = np.random.default_rng([seed, k])
+    fold = [0] * len(examples)
+    for answerable in (True, False):
+        group = [n for n, e in enumerate(examples) if e.query.answerable is answerable]
+        for rank, i in enumerate(rng.permutation(len(group))):
+            fold[group[int(i)]] = rank % k
+    return fold
 
 
 def _query_rows(
@@ -266,6 +313,51 @@ def _choose_order(
     return settings.choices[best], table
 
 
+def _fit_models(
+    train: Sequence[_Example], names: Sequence[str], l2: float
+) -> tuple[LogisticModel, LogisticModel]:
+    """The chunk model (candidates of the answerable queries) and the query model (one row per
+    query) fitted on `train`."""
+    x, y = _rows([e for e in train if e.query.answerable], names)
+    qx, qy = _query_rows(train, QUERY_FEATURES)
+    return fit_logistic(x, y, names, l2=l2), fit_logistic(qx, qy, QUERY_FEATURES, l2=l2)
+
+
+def _decidable(examples: Sequence[_Example]) -> list[_Example]:
+    """The negatives and the positives with an answer among their candidates: a positive whose
+    answer is not in the pool has no evidence a threshold could keep or lose."""
+    return [e for e in examples if not e.query.answerable or 1.0 in e.labels]
+
+
+def _cross_fitted_best(
+    examples: Sequence[_Example],
+    draft: EvidenceCalibration,
+    names: Sequence[str],
+    settings: CalibrationSettings,
+) -> tuple[list[float], list[bool]]:
+    """The out-of-fold max evidence of every decidable query, and whether it is answerable.
+
+    On the held-out share alone (~90 of 300 queries) the chosen threshold moved with the
+    seed. The balanced accuracy rises up to the false-abstention limit, so the threshold is in
+    effect a quantile of the positives' max evidence, and its noise is that quantile's
+    sampling noise: scoring every query (and the ones generated for the threshold alone) with
+    models that did not see it gives the rule all of them
+    (docs/decisions/abstention-threshold.md). The fold models are fitted like the served
+    ones, on (k-1)/k of `examples` instead of 70% of the models' queries.
+    """
+    fold = _folds(examples, settings.threshold_folds, settings.seed)
+    best: list[float] = []
+    answerable: list[bool] = []
+    for k in range(settings.threshold_folds):
+        train = [e for e, f in zip(examples, fold, strict=True) if f != k]
+        model, query_model = _fit_models(train, names, settings.l2)
+        scorer = replace(draft, model=model, query_model=query_model)
+        scored = _decidable([e for e, f in zip(examples, fold, strict=True) if f == k])
+        best.extend(_max_evidence(scored, scorer))
+        answerable.extend(e.query.answerable for e in scored)
+    return best, answerable
+
+
 def _max_evidence(examples: Sequence[_Example], calibration: EvidenceCalibration) -> list[float]:
     out = []
     for e in examples:
@@ -333,10 +425,18 @@ def fit_calibration(
     )
     generator = QueryGenerator(chunks, search.encoder, lexicon, seed=settings.seed)
     queries = generator.generate(settings.positives, settings.negatives)
+    more = settings.threshold_queries - 1
+    # the same generator goes on: other chunks and draws, same mix of kinds
+    seen = {squash(q.text) for q in queries}
+    extra = [
+        q
+        for q in generator.generate(settings.positives * more, settings.negatives * more)
+        if squash(q.text) not in seen
+    ]
     limit = candidate_k or search.config.candidate_k(settings.top_k)
     tenant_filter = StoreFilter(tenant_id=index.tenant)
-    examples: list[_Example] = []
-    for n, query in enumerate(queries):
+    gathered: list[_Example] = []
+    for n, query in enumerate((*queries, *extra)):
         vector = embedder.embed_query(query.text)
         raw = search.gather(
             index.collection,
@@ -347,17 +447,15 @@ def fit_calibration(
             lexicon=lexicon,
             with_rerank=with_rerank,
         )
-        examples.append(_Example(query, raw, label_pool(query, raw)))
+        gathered.append(_Example(query, raw, label_pool(query, raw)))
         if (n + 1) % 100 == 0:
-            progress(f"{index.collection}: {n + 1}/{len(queries)} calibration queries")
+            progress(f"{index.collection}: {n + 1}/{len(queries) + len(extra)} calibration queries")
+    examples, threshold_only = gathered[: len(queries)], gathered[len(queries) :]
     _split(examples, settings.holdout, settings.seed)
     train = [e for e in examples if e.train]
     held = [e for e in examples if not e.train]
     names = (*CHUNK_FEATURES, RERANK_FEATURE) if with_rerank else CHUNK_FEATURES
-    x, y = _rows([e for e in train if e.query.answerable], names)
-    model: LogisticModel = fit_logistic(x, y, names, l2=settings.l2)
-    qx, qy = _query_rows(train, QUERY_FEATURES)
-    query_model = fit_logistic(qx, qy, QUERY_FEATURES, l2=settings.l2)
+    model, query_model = _fit_models(train, names, settings.l2)
     draft = EvidenceCalibration(
         model=model,
         query_model=query_model,
@@ -375,15 +473,27 @@ def fit_calibration(
         settings, choices=(baseline, *(c for c in settings.choices if c != baseline))
     )
     choice, order_table = _choose_order(examples, draft, settings, protect)
-    # a positive whose answer is not among the candidates has no evidence to lose: the threshold
-    # is chosen on the queries with an answer in the pool and on the negatives
-    decidable = [e for e in held if not e.query.answerable or 1.0 in e.labels]
+    folded_best, folded_answerable = _cross_fitted_best(
+        [*examples, *threshold_only], draft, names, settings
+    )
+    hard, hard_info = _choose_hard(folded_best, folded_answerable, settings.max_false_abstention)
+    hard_info |= {
+        "folds": settings.threshold_folds,
+        "queries": len(folded_best),
+        "false_abstention": _abstention(folded_best, folded_answerable, hard)[
+            "false_abstention_rate"
+        ],
+    }
+    decidable = _decidable(held)
     best = _max_evidence(decidable, draft)
     answerable = [e.query.answerable for e in decidable]
-    hard, hard_info = _choose_hard(best, answerable, settings.max_false_abstention)
     thresholds = EvidenceThresholds(
         hard, max(hard, MEDIUM_EVIDENCE), max(hard, MEDIUM_EVIDENCE, HIGH_EVIDENCE)
     )
+    chunk_labels = [
+        label for e in train if e.query.answerable for label in e.labels if label is not None
+    ]
+    chunk_rows, chunk_positive = len(chunk_labels), int(sum(chunk_labels))
     held_p: list[float] = []
     held_y: list[float] = []
     for e in held:
@@ -397,24 +507,28 @@ def fit_calibration(
             "by_kind": dict(sorted(Counter(q.kind for q in queries).items())),
             "train": len(train),
             "held_out": len(held),
+            "threshold_only": len(threshold_only),
         },
         "rows": {
-            "chunk_model": len(y),
-            "chunk_model_positive": int(y.sum()),
-            "query_model": len(qy),
+            "chunk_model": chunk_rows,
+            "chunk_model_positive": chunk_positive,
+            "query_model": sum(1 for e in train if len(e.raw)),
             "held_out": len(held_y),
         },
         "held_out": {
             "ece": _round(expected_calibration_error(held_p, held_y)),
             "abstention": _abstention(best, answerable, hard),
-            "hard_threshold": hard_info,
         },
+        # chosen on the out-of-fold scores of every query, not on the held-out share
+        "hard_threshold": {"value": hard, **hard_info},
         "order": {"chosen": choice.label, "table": order_table},
         "lexicon": {"chunks": lexicon.n_docs, "avgdl": round(lexicon.avgdl, 3)},
         "settings": {
             "positives": settings.positives,
             "negatives": settings.negatives,
             "holdout": settings.holdout,
+            "threshold_folds": settings.threshold_folds,
+            "threshold_queries": settings.threshold_queries,
             "candidate_k": limit,
             "l2": settings.l2,
             "reranker": with_rerank,

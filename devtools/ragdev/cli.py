@@ -75,11 +75,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    calibration = CalibrationSettings(
-        positives=args.calibration_queries,
-        negatives=args.calibration_queries,
+    calibration = CalibrationSettings.from_command(
+        args.calibration_queries,
         seed=args.seed,
         max_false_abstention=args.max_false_abstention,
+        threshold_queries=args.threshold_queries,
     )
     results = run_eval(
         evalset,
@@ -276,8 +276,14 @@ def register(sub: Any) -> None:
         "--max-false-abstention",
         type=float,
         default=0.2,
-        help="calibration: the hard threshold keeps at most this share of held-out "
-        "answerable queries from abstaining",
+        help="calibration: the hard threshold keeps at most this share of the answerable "
+        "calibration queries (scored out of fold) from abstaining",
+    )
+    p.add_argument(
+        "--threshold-queries",
+        type=int,
+        default=None,
+        help="calibration: choose the hard threshold on this many times --calibration-queries",
     )
     p.set_defaults(func=_cmd_eval)
 

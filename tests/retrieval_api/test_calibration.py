@@ -115,7 +115,16 @@ def test_calibration_is_fitted_from_the_index_stored_with_it_and_reproducible(
     assert first.lexicon.n_docs == len(TOPICS)
     report = first.report
     assert report["queries"]["total"] >= 60
-    assert {"ece", "abstention", "hard_threshold"} <= set(report["held_out"])
+    assert {"ece", "abstention"} <= set(report["held_out"])
+    # the threshold is chosen on the out-of-fold scores of every decidable query, the models'
+    # and those generated for it alone (3x as many by default)
+    assert report["queries"]["threshold_only"] >= 2 * report["queries"]["total"]
+    threshold = report["hard_threshold"]
+    assert threshold["value"] == first.thresholds.hard
+    assert threshold["folds"] == 5
+    assert report["queries"]["held_out"] < threshold["queries"]
+    assert threshold["queries"] <= report["queries"]["total"] + report["queries"]["threshold_only"]
+    assert threshold["false_abstention"] <= settings.max_false_abstention
     assert report["order"]["chosen"] == first.ranking.label
     table = report["order"]["table"]
     # the configured fusion is the baseline; fusions are compared on every answerable
