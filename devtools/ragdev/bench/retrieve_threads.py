@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from prometheus_client import CollectorRegistry
 
 from ragcore.errors import ConfigError
 from ragcore.plan import PlanConfig
@@ -47,13 +48,14 @@ from ragdev.bench.machine import machine_info
 from ragdev.bench.profile_retrieve import _py_spy, summarize
 from ragdev.bench.retrieve import (
     TENANT,
-    TOKEN,
     WINDOW,
     _content_words,
+    _drive,
     _local,
     _Prose,
     _questions,
     _sentences,
+    _Server,
     server_settings,
 )
 from retrieval_api.processes import RetrieveProcesses, serving_settings
@@ -82,63 +84,41 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     return out
 
 
-def _drive(port: int, queries: Sequence[str], concurrency: int, tmp: Path) -> dict[str, Any]:
-    path = tmp / "queries.json"
-    path.write_text(json.dumps(list(queries)), encoding="utf-8")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ragdev.bench.loadgen",
-            "--target",
-            f"127.0.0.1:{port}",
-            "--token",
-            TOKEN,
-            "--concurrency",
-            str(concurrency),
-            str(path),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    doc: dict[str, Any] = json.loads(done.stdout)
-    return doc
-
-
 @contextmanager
-def _servers(root: Path, floor: bool, tmp: Path) -> Iterator[tuple[int, list[int]]]:
-    """The port and the server processes' pids of 2 Retrieve (or floor) server processes over
-    the data dir, this process hosting the store."""
+def _servers(
+    root: Path, floor: bool, tmp: Path
+) -> Iterator[tuple[int, list[int], CollectorRegistry | None]]:
+    """The port, the server processes' pids and their metrics (None for the floor) of 2
+    Retrieve (or floor) server processes over the data dir, this process hosting the store."""
     plan = PlanConfig()
     settings = server_settings(root, plan)
     store = EdgeStore(root / "store", schema=payload_schema(plan))
     try:
+        servers: FloorProcesses | RetrieveProcesses
         if floor:
             index = FileIndexRegistry(root / "store", store).lookup(TENANT, None)
             retrieval = settings.retrieval
             spec = FloorSpec(
                 index.collection, TENANT, retrieval.candidate_k(retrieval.default_top_k)
             )
-            floors = FloorProcesses(
+            servers = FloorProcesses(
                 spec,
                 store,
                 processes=2,
                 socket_dir=tmp,
                 embedder=_local(serving_settings(settings)),
             )
-            floors.start()
-            try:
-                yield floors.port, floors.pids
-            finally:
-                floors.stop()
         else:
-            group = RetrieveProcesses(settings, processes=2, store=store)
-            group.start()
-            try:
-                yield group.port, group.pids
-            finally:
-                group.stop()
+            servers = RetrieveProcesses(settings, processes=2, store=store)
+        servers.start()
+        try:
+            # the server processes' metrics (the directory they write exists once started)
+            registry = (
+                servers.metrics_registry() if isinstance(servers, RetrieveProcesses) else None
+            )
+            yield servers.port, servers.pids, registry
+        finally:
+            servers.stop()
     finally:
         store.close()
 
@@ -162,8 +142,18 @@ def run(
     )
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ragstream-thr-")))
-        port, pids = stack.enter_context(_servers(data_dir, floor, tmp))
-        _drive(port, _questions(prose, 64, rng), 16, tmp)  # warm-up: 16 connections
+        port, pids, registry = stack.enter_context(_servers(data_dir, floor, tmp))
+        # the load generator of `bench retrieve`; the CPU is read per thread below instead
+        server = _Server(
+            "floor" if floor else "sor_verification",
+            not floor,
+            2,
+            f"127.0.0.1:{port}",
+            registry,
+            lambda: 0.0,
+            dict,
+        )
+        _drive(server, _questions(prose, 64, rng), 16, tmp)  # warm-up: 16 connections
         measured = _questions(prose, queries, rng)
         me = os.getpid()
         before = {pid: thread_cpu_seconds(pid) for pid in [*pids, me]}
@@ -175,7 +165,7 @@ def run(
                 spies += [_spy(pid, prefix, "flamegraph"), _spy(pid, prefix, "raw")]
             time.sleep(1.0)  # attached
         began = time.perf_counter()
-        doc = _drive(port, measured, concurrency, tmp)
+        done = _drive(server, measured, concurrency, tmp)
         wall = time.perf_counter() - began
         after = {pid: thread_cpu_seconds(pid) for pid in [*pids, me]}
         for spy in spies:
@@ -207,10 +197,14 @@ def run(
         "queries": n,
         "concurrency": concurrency,
         "wall_s": round(wall, 3),
-        "statuses": dict(Counter(s["status"] for s in doc["samples"])),
+        "statuses": dict(Counter(s.status for s in done.samples)),
         "cpu_ms_per_request": round(sum(by_role.values()), 3),
         "by_role": {k: round(v, 3) for k, v in sorted(by_role.items())},
         "threads": rows,
+        # the CPU of the thread running each stage (ragstream_retrieve_stage_cpu_seconds_total)
+        "stage_cpu_ms_per_request": {
+            k: round(v / n * 1000, 3) for k, v in sorted(done.stage_cpu_s.items())
+        },
         "py_spy": _profiles(py_spy, len(pids)) if py_spy is not None else None,
     }
 
