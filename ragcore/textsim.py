@@ -22,6 +22,7 @@ SHINGLE_WORDS = 3
 
 _WORD_RE = re.compile(r"\w+(?:[-.]\w+)*")
 _NUMBER_RE = re.compile(r"[0-9]+(?:[.,][0-9]+)*")
+_DIGIT_RE = re.compile(r"[0-9]")
 _NUMBER = "<n>"
 
 Signature = frozenset[tuple[str, ...]]
@@ -32,17 +33,19 @@ def signature(text: str, words: int = SHINGLE_WORDS) -> Signature:
     `words` words is one shingle of all its words, an empty text the empty set."""
     if words < 1:
         raise ValueError(f"shingle size must be >= 1, got {words}")
-    # a number starts with an ASCII digit: only those tokens are matched (Retrieve computes a
-    # signature per candidate; this is most of its cost)
-    tokens = [
-        _NUMBER if "0" <= t[0] <= "9" and _NUMBER_RE.fullmatch(t) else t
-        for t in _WORD_RE.findall(text.casefold())
-    ]
+    folded = text.casefold()
+    tokens = _WORD_RE.findall(folded)
+    # a number starts with an ASCII digit: only those tokens are matched, and only in a text
+    # that has one (Retrieve computes a signature per candidate; this is most of its cost)
+    if _DIGIT_RE.search(folded) is not None:
+        tokens = [_NUMBER if "0" <= t[0] <= "9" and _NUMBER_RE.fullmatch(t) else t for t in tokens]
     if not tokens:
         return frozenset()
     if len(tokens) <= words:
         return frozenset({tuple(tokens)})
     # the shifted lists differ in length: zip stops at the last whole shingle
+    if words == 3:  # the default, spelled out: no generator of slices
+        return frozenset(zip(tokens, tokens[1:], tokens[2:], strict=False))
     return frozenset(zip(*(tokens[i:] for i in range(words)), strict=False))
 
 

@@ -5,8 +5,9 @@
    contain it (a sparse search for that token alone), so a chunk holding the error code the
    question names is always a candidate.
 2. *Pool*: the union of those hits. Every candidate gets the cosine of query and chunk (the
-   dense branch's score, else computed from the stored vector) and exact BM25 with the index's
-   own statistics (`ragcore.sparse.Bm25Scorer`), so no candidate lacks a channel.
+   dense branch's score, else computed from the stored vector: the sparse branch's hits carry
+   it, the identifier searches' hits are read for it) and exact BM25 with the index's own
+   statistics (`ragcore.sparse.Bm25Scorer`), so no candidate lacks a channel.
 3. *Score* (`finish`): the evidence score of every candidate (`EvidenceCalibration.evidence`)
    and the score that orders them (a fusion of cosine and BM25 over the pool, or the evidence
    score: `RankingChoice`).
@@ -349,6 +350,11 @@ class CandidateSearch:
         dense, sparse = self._search(collection, text, vector, store_filter, limit)
         extra = self._identifier_hits(collection, query, store_filter, limit)
         hits, cosines = self._pool(dense, sparse, extra)
+        # the sparse branch's hits came with their dense vectors: the cosine of those the
+        # dense branch did not find is computed here, without a second read of the store
+        for h in sparse:
+            if h.dense is not None and h.point_id not in cosines:
+                cosines[h.point_id] = float(np.dot(h.dense, vector))
         missing = [h.point_id for h in hits if h.point_id not in cosines]
         if missing:
             tenant = store_filter.tenant_id
@@ -396,7 +402,13 @@ class CandidateSearch:
             return settled(dense_branch(limit + 1), limit, dense_branch), ()
         encoded = self.encoder.encode_query(text)
         result = store.search_hybrid(
-            collection, vector, encoded, store_filter, limit=limit + 1, prefetch_limit=limit + 1
+            collection,
+            vector,
+            encoded,
+            store_filter,
+            limit=limit + 1,
+            prefetch_limit=limit + 1,
+            sparse_with_vectors=True,
         )
 
         def sparse_branch(k: int) -> Sequence[ScoredHit]:

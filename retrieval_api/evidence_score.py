@@ -48,7 +48,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -131,10 +131,12 @@ def feature_matrix(
     query: LexicalQuery, signals: Sequence[Signals], names: Sequence[str]
 ) -> NDArray[np.float64]:
     """One row per candidate, one column per feature name (see the module docstring)."""
+    out = np.empty((len(signals), len(names)), dtype=np.float64)
     if not signals:
-        return np.zeros((0, len(names)), dtype=np.float64)
+        return out
     ranks = pool_ranks(signals)
-    best_cos = max(s.cosine for s in signals)
+    cosines = [s.cosine for s in signals]
+    best_cos = max(cosines)
     norms = [min(s.lexical.normalized, _BM25_NORM_CAP) for s in signals]
     best_norm = max(norms)
     n_ids = len(query.identifiers)
@@ -149,26 +151,34 @@ def feature_matrix(
         "query_missing": query.missing_share,
         "query_log_len": math.log1p(len(query.tokens)),
     }
-    rows: list[list[float]] = []
-    for i, s in enumerate(signals):
-        values: dict[str, float] = {
-            **shared,
-            "cosine": s.cosine,
-            "cosine_gap": s.cosine - best_cos,
-            "dense_log_rank": math.log(ranks.dense[i]),
-            "bm25_norm": norms[i],
-            "bm25_gap": norms[i] - best_norm,
-            "lexical_log_rank": math.log(ranks.lexical[i]),
-            "coverage": s.lexical.coverage,
-            "id_match": len(s.lexical.identifiers) / n_ids if n_ids else 0.0,
-            "agree_top3": 1.0 if ranks.dense[i] <= 3 and ranks.lexical[i] <= 3 else 0.0,
-        }
-        if RERANK_FEATURE in names:
-            if s.rerank is None:
-                raise CalibrationError("the model needs a reranker score the pipeline lacks")
-            values[RERANK_FEATURE] = s.rerank
-        rows.append([values[name] for name in names])
-    return np.asarray(rows, dtype=np.float64)
+    # column by column: only the features the model names are computed (it runs six times a
+    # Retrieve request, over every candidate)
+    columns: dict[str, Callable[[], list[float]]] = {
+        "cosine": lambda: cosines,
+        "cosine_gap": lambda: [c - best_cos for c in cosines],
+        "dense_log_rank": lambda: [math.log(r) for r in ranks.dense],
+        "bm25_norm": lambda: norms,
+        "bm25_gap": lambda: [v - best_norm for v in norms],
+        "lexical_log_rank": lambda: [math.log(r) for r in ranks.lexical],
+        "coverage": lambda: [s.lexical.coverage for s in signals],
+        "id_match": lambda: [len(s.lexical.identifiers) / n_ids if n_ids else 0.0 for s in signals],
+        "agree_top3": lambda: [
+            1.0 if d <= 3 and x <= 3 else 0.0
+            for d, x in zip(ranks.dense, ranks.lexical, strict=True)
+        ],
+        RERANK_FEATURE: lambda: _reranks(signals),
+    }
+    for j, name in enumerate(names):
+        value = shared.get(name)
+        out[:, j] = columns[name]() if value is None else value
+    return out
+
+
+def _reranks(signals: Sequence[Signals]) -> list[float]:
+    scores = [s.rerank for s in signals]
+    if any(score is None for score in scores):
+        raise CalibrationError("the model needs a reranker score the pipeline lacks")
+    return [score for score in scores if score is not None]
 
 
 def _sigmoid(z: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -185,6 +195,9 @@ class LogisticModel:
     scale: tuple[float, ...]
     coef: tuple[float, ...]
     intercept: float
+    _arrays: tuple[NDArray[np.float64], ...] = field(
+        init=False, repr=False, compare=False, hash=False
+    )
 
     def __post_init__(self) -> None:
         n = len(self.features)
@@ -196,13 +209,18 @@ class LogisticModel:
         unknown = set(self.features) - ALL_FEATURES
         if unknown:
             raise CalibrationError(f"logistic model: unknown features {sorted(unknown)}")
+        # the arrays `predict` needs, made once (it runs six times a Retrieve request)
+        object.__setattr__(
+            self, "_arrays", tuple(map(np.asarray, (self.mean, self.scale, self.coef)))
+        )
 
     def predict(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
         """Probabilities for rows of features in `self.features` order."""
         if x.shape[0] == 0:
             return np.zeros(0, dtype=np.float64)
-        z = (x - np.asarray(self.mean)) / np.asarray(self.scale)
-        return _sigmoid(z @ np.asarray(self.coef) + self.intercept)
+        mean, scale, coef = self._arrays
+        z = (x - mean) / scale
+        return _sigmoid(z @ coef + self.intercept)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""

@@ -466,8 +466,12 @@ class VectorStore(Protocol):
         *,
         limit: int,
         prefetch_limit: int,
+        sparse_with_vectors: bool = False,
     ) -> HybridResult:
-        """Both branches in one round trip; fuse with `HybridResult.fused` or `fusion.fuse`."""
+        """Both branches in one round trip; fuse with `HybridResult.fused` or `fusion.fuse`.
+        `sparse_with_vectors`: each hit of the sparse branch carries its dense vector
+        (`ScoredHit.dense`), so a caller can score the hits the dense branch did not find
+        without a second read."""
         ...
 
     def retrieve(

@@ -211,14 +211,18 @@ class QdrantEngine(ABC):
         *,
         limit: int,
         prefetch_limit: int,
+        sparse_with_vectors: bool = False,
     ) -> HybridResult:
-        """Dense and sparse branches in one round trip (an empty sparse query: dense only)."""
+        """Dense and sparse branches in one round trip (an empty sparse query: dense only);
+        `sparse_with_vectors`: the sparse hits carry their dense vectors."""
         if prefetch_limit < limit:
             raise ValueError(f"prefetch_limit ({prefetch_limit}) must be >= limit ({limit})")
         requests = [self._query(dense_list(dense), DENSE_VECTOR, filter, prefetch_limit, False)]
         if len(sparse):
-            sparse_query = self._sparse_query(sparse)
-            requests.append(self._query(sparse_query, SPARSE_VECTOR, filter, prefetch_limit, False))
+            query = self._sparse_query(sparse)
+            requests.append(
+                self._query(query, SPARSE_VECTOR, filter, prefetch_limit, sparse_with_vectors)
+            )
         results = self._run(name, requests)
         dense_hits = self._hits(results[0], filter.tenant_id)
         sparse_hits = self._hits(results[1], filter.tenant_id) if len(results) > 1 else []

@@ -417,10 +417,18 @@ class HostedStore:
         *,
         limit: int,
         prefetch_limit: int,
+        sparse_with_vectors: bool = False,
     ) -> HybridResult:
         """See `VectorStore.search_hybrid` (runs in the host)."""
         result: HybridResult = self._call(
-            "search_hybrid", name, dense, sparse, filter, limit=limit, prefetch_limit=prefetch_limit
+            "search_hybrid",
+            name,
+            dense,
+            sparse,
+            filter,
+            limit=limit,
+            prefetch_limit=prefetch_limit,
+            sparse_with_vectors=sparse_with_vectors,
         )
         return result
 

@@ -477,11 +477,18 @@ class TieredStore:
         *,
         limit: int,
         prefetch_limit: int,
+        sparse_with_vectors: bool = False,
     ) -> HybridResult:
         """Both branches in one round trip."""
         collection, scoped = self._scoped(name, filter)
         return self._engine.search_hybrid(
-            collection, dense, sparse, scoped, limit=limit, prefetch_limit=prefetch_limit
+            collection,
+            dense,
+            sparse,
+            scoped,
+            limit=limit,
+            prefetch_limit=prefetch_limit,
+            sparse_with_vectors=sparse_with_vectors,
         )
 
     def count(self, name: str, filter: StoreFilter) -> int:

@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ragcore.fusion import FusedHit
 from ragcore.sparse import Bm25Encoder, LexicalMatch, LexicalQuery, LexiconStats
@@ -55,6 +57,89 @@ def test_features_are_absolute_relative_and_query_level() -> None:
     assert row["max_cosine"] == 0.6 and row["id_found"] == 1.0 and row["id_query"] == 1.0
     assert x[1][list((*CHUNK_FEATURES, *QUERY_FEATURES)).index("max_cosine")] == 0.6
     assert pool_ranks(signals).dense == (2, 1) and pool_ranks(signals).lexical == (1, 2)
+
+
+def _reference_feature_matrix(
+    query: LexicalQuery, signals: list[Signals], names: tuple[str, ...]
+) -> np.ndarray:
+    """The features as first written: a dict of every feature per row."""
+    if not signals:
+        return np.zeros((0, len(names)), dtype=np.float64)
+    ranks = pool_ranks(signals)
+    best_cos = max(s.cosine for s in signals)
+    norms = [min(s.lexical.normalized, 3.0) for s in signals]
+    best_norm = max(norms)
+    n_ids = len(query.identifiers)
+    found = {t for s in signals for t in s.lexical.identifiers}
+    shared = {
+        "max_cosine": best_cos,
+        "max_coverage": max(s.lexical.coverage for s in signals),
+        "max_bm25_norm": best_norm,
+        "id_query": 1.0 if n_ids else 0.0,
+        "id_found": len(found) / n_ids if n_ids else 0.0,
+        "id_unknown": len(query.unknown_identifiers) / n_ids if n_ids else 0.0,
+        "query_missing": query.missing_share,
+        "query_log_len": math.log1p(len(query.tokens)),
+    }
+    rows = []
+    for i, s in enumerate(signals):
+        values = {
+            **shared,
+            "cosine": s.cosine,
+            "cosine_gap": s.cosine - best_cos,
+            "dense_log_rank": math.log(ranks.dense[i]),
+            "bm25_norm": norms[i],
+            "bm25_gap": norms[i] - best_norm,
+            "lexical_log_rank": math.log(ranks.lexical[i]),
+            "coverage": s.lexical.coverage,
+            "id_match": len(s.lexical.identifiers) / n_ids if n_ids else 0.0,
+            "agree_top3": 1.0 if ranks.dense[i] <= 3 and ranks.lexical[i] <= 3 else 0.0,
+            "rerank": s.rerank,
+        }
+        rows.append([values[name] for name in names])
+    return np.asarray(rows, dtype=np.float64)
+
+
+_UNIT = st.floats(min_value=-1.0, max_value=1.0, allow_nan=False)
+_IDS = st.lists(st.sampled_from(["e-2113", "gx-300", "kb-7"]), max_size=3, unique=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            _UNIT,
+            st.floats(min_value=0.0, max_value=40.0),
+            st.floats(min_value=0.0, max_value=6.0),
+            st.floats(min_value=0.0, max_value=1.0),
+            _IDS,
+            st.floats(min_value=0.0, max_value=1.0),
+        ),
+        max_size=12,
+    ),
+    _IDS,
+    st.permutations([*CHUNK_FEATURES, *QUERY_FEATURES, "rerank"]),
+)
+def test_features_equal_the_row_by_row_definition(
+    rows: list[tuple[float, float, float, float, list[str], float]],
+    identifiers: list[str],
+    names: list[str],
+) -> None:
+    query = LexicalQuery(
+        tokens=("error", "e-2113", "pump"),
+        idf=(1.0, 3.0, 2.0),
+        identifiers=tuple(identifiers),
+        unknown_identifiers=tuple(identifiers[:1]),
+        missing_share=0.25,
+    )
+    signals = [
+        Signals(cos, LexicalMatch(score, norm, cov, tuple(ids)), rerank)
+        for cos, score, norm, cov, ids, rerank in rows
+    ]
+    chosen = tuple(names[: 1 + len(rows) % len(names)])
+    got = feature_matrix(query, signals, chosen)
+    assert got.shape == (len(signals), len(chosen))
+    assert np.array_equal(got, _reference_feature_matrix(query, signals, chosen))
 
 
 def test_a_rerank_feature_needs_a_rerank_score() -> None:

@@ -672,6 +672,9 @@ def _summary(
             "server_process": round(server_cpu / n * 1000, 3),
             "server_stages": {k: round(v / n * 1000, 3) for k, v in sorted(stage_cpu.items())},
             "server_outside_stages": round((server_cpu - in_stages) / n * 1000, 3),
+            # this process hosting the store for the server processes (its searches and
+            # pickling; 0 with one process, whose store is in the server's own process)
+            "store_host": round((server_cpu - spread) / n * 1000, 3),
             "load_generator": round(sum(p.loadgen_cpu_s for p in slices) / n * 1000, 3),
         },
         "server_cores_busy": round(server_cpu / wall, 3),
@@ -969,7 +972,9 @@ def run(
             "generator (ragdev.bench.loadgen: N client threads, a connection each, one blocking "
             "call in flight per thread) runs in a process of its own; its CPU is reported apart. "
             "cpu_ms_per_request: the server's CPU over the calls (this process, plus the server "
-            "processes when there are several; onnxruntime's and qdrant-edge's threads included);"
+            "processes when there are several; onnxruntime's and qdrant-edge's threads included),"
+            " store_host: the part of it this process spent hosting the store for the server "
+            "processes (0 with one process);"
             " server_stages: the CPU of the thread running each stage "
             "(ragstream_retrieve_stage_cpu_seconds_total); query_cache: query vectors served from"
             " the cache (hit) or embedded (miss); cpu_limit: cores / the "

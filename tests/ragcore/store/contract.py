@@ -337,6 +337,39 @@ class VectorStoreContract:
         assert (fused[0].dense_rank, fused[0].sparse_rank) == (3, 1)
         assert (fused[2].dense_rank, fused[2].sparse_rank) == (1, None)
 
+    def test_hybrid_sparse_hits_carry_their_dense_vectors_when_asked(
+        self, loaded: VectorStore
+    ) -> None:
+        query_sparse = ENCODER.encode_query("billing")
+        plain = loaded.search_hybrid(
+            COLLECTION, axis(0), query_sparse, acme(), limit=3, prefetch_limit=6
+        )
+        asked = loaded.search_hybrid(
+            COLLECTION,
+            axis(0),
+            query_sparse,
+            acme(),
+            limit=3,
+            prefetch_limit=6,
+            sparse_with_vectors=True,
+        )
+        assert [(h.point_id, h.score) for h in asked.sparse] == [
+            (h.point_id, h.score) for h in plain.sparse
+        ]
+        assert [h.point_id for h in asked.dense] == [h.point_id for h in plain.dense]
+        assert all(h.dense is None for h in (*plain.sparse, *plain.dense, *asked.dense))
+        assert asked.sparse
+        stored = {
+            p.point_id: p.dense
+            for p in loaded.retrieve(
+                COLLECTION, [h.point_id for h in asked.sparse], "acme", True, sparse=False
+            )
+        }
+        for hit in asked.sparse:
+            reference = stored[hit.point_id]
+            assert hit.dense is not None and reference is not None
+            assert np.array_equal(hit.dense, reference)
+
     def test_hybrid_refuses_prefetch_below_limit(self, loaded: VectorStore) -> None:
         with pytest.raises(ValueError, match="prefetch_limit"):
             loaded.search_hybrid(
