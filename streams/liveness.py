@@ -245,6 +245,10 @@ class SlotWatch:
         self._seen |= present
         return closable
 
+    def confirmed(self, name: str) -> int | None:
+        """The confirmed position (WAL bytes) slot `name` had at the last check that saw it."""
+        return self._confirmed.get(name)
+
     def _gap(self, name: str, what: str) -> None:
         self._gaps.add(name)
         self._metrics.wal_gaps.labels(name).inc()

@@ -430,15 +430,37 @@ def test_a_sor_restored_physically_from_a_base_backup_converges_by_the_runbook(
         cdc.put(f"pb-{n}", TENANTS[n % 2], f"Base backup ledger entry {n} about winch {n * 7}.")
     cdc.converged()
     backup = cdc.pg.base_backup(cdc.prefix)
-    # after the backup: a bad migration, a delete, an insert; all of it indexed
-    cdc.sql(
-        "UPDATE entities SET content = 'Base backup ledger entry 0 was mangled by a bad"
-        " migration.', updated_at = now() WHERE id = 'pb-0'"
-    )
+    # The history the restore abandons spans a whole WAL segment, as hours of production writes
+    # do: its positions lie at least a segment (16 MiB) beyond anything the restored server writes
+    # in this test, so the recreated slot's confirmed position is below the one seen before the
+    # restore whenever the worker's check comes (with a few kB of history, the restored server's
+    # own writes could overtake it before the first check). Two switches with a write between
+    # them (a switch without WAL since the last one does nothing).
+    with psycopg.connect(cdc.pg.dsn, autocommit=True) as conn:
+
+        def switch_wal() -> int:
+            row = conn.execute("SELECT pg_switch_wal() - '0/0'::pg_lsn").fetchone()
+            assert row is not None
+            return int(row[0])
+
+        switch_wal()
+        # after the backup: a bad migration, a delete, an insert; all of it indexed
+        cdc.sql(
+            "UPDATE entities SET content = 'Base backup ledger entry 0 was mangled by a bad"
+            " migration.', updated_at = now() WHERE id = 'pb-0'"
+        )
+        switched = switch_wal()
     cdc.sql("DELETE FROM entities WHERE id = 'pb-1'")
     cdc.put("pb-late", "acme", "A row written after the backup about hoist 77.")
     cdc.converged()
     assert "entities:pb-late" in cdc.index()["acme"]
+    slots = cdc.worker.slots
+    assert slots is not None
+    eventually(
+        lambda: (slots.confirmed(cdc.dbz.slot) or 0) > switched,
+        30,
+        "the worker saw the slot confirm the history written after the backup",
+    )
     gaps = {"slot": cdc.dbz.slot}
     gaps_before = cdc.metric("ragstream_sor_wal_gaps_total", gaps)
 
