@@ -145,7 +145,9 @@ class RetrieveProcesses:
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": self._metrics_dir}
         for _ in range(self.processes):
             process = subprocess.Popen(
-                [sys.executable, "-m", "retrieval_api.child"],
+                # -P: the working directory is not put first on sys.path, so a file there
+                # named like a module cannot shadow ours
+                [sys.executable, "-P", "-m", "retrieval_api.child"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=env,

@@ -97,6 +97,7 @@ class Extractor:
         self._proc = subprocess.Popen(
             [
                 sys.executable,
+                "-P",  # not the working directory first on sys.path: no shadowing modules
                 "-m",
                 "ragcore.documents.child",
                 "--memory-mb",

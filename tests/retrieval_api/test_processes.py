@@ -70,8 +70,15 @@ def _requests(group: RetrieveProcesses) -> float:
 
 
 def test_server_processes_answer_as_one_server_does_and_keep_tenants_apart(
-    postgres: PostgresCluster, tmp_path: Path, embedder: LocalOnnxEmbedder
+    postgres: PostgresCluster,
+    tmp_path: Path,
+    embedder: LocalOnnxEmbedder,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # started from a directory holding a module named like ours: the children must not import it
+    (tmp_path / "retrieval_api").mkdir()
+    (tmp_path / "retrieval_api" / "__init__.py").write_text("raise SystemExit('shadowed')\n")
+    monkeypatch.chdir(tmp_path)
     stack = Stack(postgres.dsn, tmp_path / "store", embedder, placement="shared")
     group = RetrieveProcesses(stack.app.settings, processes=2, store=stack.store)
     channels: list[grpc.Channel] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +67,20 @@ def test_close_stops_the_child() -> None:
     assert pid is not None and alive(pid)
     extractor.close()
     assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_a_module_in_the_working_directory_does_not_shadow_the_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `python -m` puts the working directory first on sys.path unless told not to (-P): an
+    # uploaded or stray `ragcore/` there would run instead of the extractor
+    fake = tmp_path / "ragcore"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise SystemExit('shadowed')\n")
+    monkeypatch.chdir(tmp_path)
+    extractor = Extractor()
+    try:
+        document = extractor.extract("pdf", pdf_bytes([["not shadowed"]]))
+        assert "not shadowed" in document.segments[0].text
+    finally:
+        extractor.close()
