@@ -236,16 +236,17 @@ def _serve_processes(settings: RetrieveSettings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: group.signal(signal.SIGHUP))
+    if settings.metrics_port:
+        # before the processes serve: once gRPC answers, /metrics does too
+        start_http_server(
+            settings.metrics_port, settings.metrics_host, registry=group.metrics_registry()
+        )
     try:
         group.start()
     except RagstreamError as exc:
         log.error("cannot start: [%s] %s", exc.code, exc)
         return 2
     try:
-        if settings.metrics_port:
-            start_http_server(
-                settings.metrics_port, settings.metrics_host, registry=group.metrics_registry()
-            )
         died = group.wait(stop)
     finally:
         log.info("shutting down: draining in-flight requests in every server process")

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -126,7 +127,7 @@ class RetrieveProcesses:
 
     def _start(self) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="ragstream-retrieve-"))  # mode 0700
-        Path(self._metrics_dir).mkdir()
+        Path(self.metrics_dir).mkdir()
         address: str | None = None
         key: bytes | None = None
         store = self._given_store
@@ -142,7 +143,7 @@ class RetrieveProcesses:
         self.port = self._settings.grpc.port or free_port(self._settings.grpc.host)
         settings = child_settings(self._settings, self.port, self.processes)
         spec = pickle.dumps(ChildSpec(settings, address, key, self._sor))
-        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": self._metrics_dir}
+        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": self.metrics_dir}
         for _ in range(self.processes):
             process = subprocess.Popen(
                 # -P: the working directory is not put first on sys.path, so a file there
@@ -187,7 +188,12 @@ class RetrieveProcesses:
     # --- running ----------------------------------------------------------------------------
 
     @property
-    def _metrics_dir(self) -> str:
+    def started(self) -> bool:
+        """`start` has made the group's private directory (its children may still start)."""
+        return self._dir is not None
+
+    @property
+    def metrics_dir(self) -> str:
         """Where the server processes write their metrics (prometheus multiprocess mode)."""
         if self._dir is None:
             raise RagstreamError("the Retrieve processes were not started")
@@ -199,15 +205,19 @@ class RetrieveProcesses:
         return [c.process.pid for c in self._children]
 
     def metrics_registry(self) -> CollectorRegistry:
-        """A registry summing every server process's metrics (for the parent's /metrics)."""
+        """A registry summing every server process's metrics (for the parent's /metrics).
+
+        It may be made and served before `start`: it then exports nothing, so /metrics
+        answers before the processes are ready to serve (a probe or a scrape never meets a
+        closed port while gRPC already serves)."""
         registry = CollectorRegistry()
-        MultiProcessCollector(registry, path=self._metrics_dir)  # type: ignore[no-untyped-call]
+        registry.register(_ChildrenCollector(self))
         return registry
 
     def process_metrics(self, pid: int) -> list[Metric]:
         """The metrics server process `pid` wrote (its share of `metrics_registry`: which
         process answered how many calls)."""
-        files = glob.glob(os.path.join(self._metrics_dir, f"*_{pid}.db"))
+        files = glob.glob(os.path.join(self.metrics_dir, f"*_{pid}.db"))
         return list(MultiProcessCollector.merge(files, accumulate=True))  # type: ignore[no-untyped-call]
 
     def cpu_seconds(self) -> float:
@@ -255,7 +265,7 @@ class RetrieveProcesses:
                 if stream is not None:
                     stream.close()
             if self._dir is not None:
-                mark_process_dead(child.process.pid, self._metrics_dir)  # type: ignore[no-untyped-call]
+                mark_process_dead(child.process.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
         self._children.clear()
         if self._host is not None:
             self._host.close()
@@ -330,3 +340,17 @@ def free_port(host: str) -> int:
         probe.bind((host, 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+class _ChildrenCollector:
+    """The server processes' metric files summed at each collection (none before `start`)."""
+
+    def __init__(self, group: RetrieveProcesses) -> None:
+        self._group = group
+
+    def collect(self) -> Iterator[Metric]:
+        """Every metric the server processes wrote, summed over them."""
+        if not self._group.started:
+            return iter(())
+        files = glob.glob(os.path.join(self._group.metrics_dir, "*.db"))
+        return iter(MultiProcessCollector.merge(files, accumulate=True))  # type: ignore[no-untyped-call]

@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from ragcore.embedders.local_onnx import LocalOnnxEmbedder
 from ragcore.resources import package_dir
@@ -59,10 +60,10 @@ def _channel(target: str) -> grpc.Channel:
     return grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
 
 
-def _requests(group: RetrieveProcesses) -> float:
+def _requests(registry: CollectorRegistry) -> float:
     return sum(
         s.value
-        for family in group.metrics_registry().collect()
+        for family in registry.collect()
         if family.name == "ragstream_retrieve_requests"
         for s in family.samples
         if s.name.endswith("_total")
@@ -86,6 +87,9 @@ def test_server_processes_answer_as_one_server_does_and_keep_tenants_apart(
         stack.write("ent-c", "acme", VPN)
         stack.write("ent-r", "acme", REFUND)
         stack.write("ent-g", "globex", PUMP)
+        # the parent's /metrics registry exists before the processes do (it is served first)
+        early = group.metrics_registry()
+        assert list(early.collect()) == []
         group.start()
         assert len(set(group.pids)) == 2 and os.getpid() not in group.pids
         target = f"127.0.0.1:{group.port}"
@@ -126,7 +130,9 @@ def test_server_processes_answer_as_one_server_does_and_keep_tenants_apart(
             assert pack.results and pack.results[0].entity_id == eid("ent-b")
 
         # one registry sums every process's counters (the refused call is a FAILED request)
-        assert _requests(group) == calls
+        assert _requests(group.metrics_registry()) == calls
+        # the registry made before start sums the same files
+        assert _requests(early) == calls
     finally:
         for channel in channels:
             channel.close()
