@@ -285,6 +285,18 @@ class QdrantRemoteStore(QdrantEngine):
                 return description.collection_name
         return None
 
+    def alias_metadata(self, alias: str) -> dict[str, Any] | None:
+        """The metadata of the collection `alias` names (the server resolves aliases in every
+        collection request), or None when no alias or collection has that name."""
+        if not self.collection_exists(alias):
+            return None
+        try:
+            return self.collection_metadata(alias)
+        except StoreError:
+            if not self.collection_exists(alias):
+                return None  # dropped between the two requests (a switch to shared placement)
+            raise
+
     def drop_alias(self, alias: str) -> None:
         """Delete `alias` if it exists."""
         if self.alias_target(alias) is None:

@@ -179,6 +179,11 @@ class IndexRegistry(ABC):
     def _active(self, tenant: str) -> int | None:
         """The active version number, or None."""
 
+    def _active_manifest(self, tenant: str) -> tuple[int | None, IndexManifest | None]:
+        """The active version and, when reading it costs nothing more, its manifest (the
+        server registry reads both in one step; None: `lookup` reads the manifest)."""
+        return self._active(tenant), None
+
     @abstractmethod
     def _set_active(self, manifest: IndexManifest) -> None:
         """Atomically point the manifest's tenant at its version."""
@@ -303,12 +308,15 @@ class IndexRegistry(ABC):
         `EmbeddingModels.for_manifest` when a process holds several models).
         """
         validate_tenant(tenant)
-        active = self._active(tenant)
+        active, active_manifest = self._active_manifest(tenant)
         if version is None:
             if active is None:
                 raise IndexNotFoundError(f"tenant {tenant!r} has no active index version")
             version = active
-        manifest = self._read(tenant, version)
+        if active_manifest is not None and version == active:
+            manifest: IndexManifest | None = active_manifest
+        else:
+            manifest = self._read(tenant, version)
         if manifest is None:
             raise IndexNotFoundError(f"tenant {tenant!r} has no index version {version}")
         if manifest.status == "retired":
@@ -545,6 +553,11 @@ class ServerCatalog(VectorStore, Protocol):
         """The collection an alias points at, or None."""
         ...
 
+    def alias_metadata(self, alias: str) -> dict[str, Any] | None:
+        """The metadata of the collection `alias` names, or None when nothing has that name
+        (one or two requests, however many aliases exist)."""
+        ...
+
     def switch_alias(self, alias: str, collection: str) -> None:
         """Atomically point an alias at a collection."""
         ...
@@ -687,18 +700,34 @@ class QdrantIndexRegistry(IndexRegistry):
         )
 
     def _active(self, tenant: str) -> int | None:
-        target = self._catalog.alias_target(alias_name(tenant))
-        if target is None:
+        return self._active_manifest(tenant)[0]
+
+    def _active_manifest(self, tenant: str) -> tuple[int | None, IndexManifest | None]:
+        # Per request: the alias is resolved by the server itself (a request for the collection
+        # it names returns that collection's metadata, our manifest), not by listing every
+        # alias (O(dedicated tenants) per request)
+        alias = alias_name(tenant)
+        metadata = self._catalog.alias_metadata(alias)
+        if metadata is None:
             raw = None if self._entries is None else self._entries.get("active", tenant)
             if raw is None:
-                return None
+                return None, None
             if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
                 raise StoreError(f"corrupt active entry of tenant {tenant!r}: {raw!r}")
-            return raw
-        parsed = parse_collection_name(target)
-        if parsed is None or parsed[0] != tenant:
-            raise StoreError(f"alias {alias_name(tenant)} points at foreign collection {target!r}")
-        return parsed[1]
+            return raw, None
+        raw_manifest = metadata.get(MANIFEST_KEY)
+        if raw_manifest is None:
+            raise ManifestMismatchError(
+                f"alias {alias} points at a collection without a ragstream manifest: it "
+                "cannot be verified"
+            )
+        try:
+            manifest = IndexManifest.model_validate(raw_manifest)
+        except ValidationError as exc:
+            raise StoreError(f"corrupt manifest behind alias {alias}: {exc}") from exc
+        if manifest.tenant != tenant:
+            raise StoreError(f"alias {alias} points at foreign collection {manifest.index_name!r}")
+        return manifest.version, manifest
 
     def _set_active(self, manifest: IndexManifest) -> None:
         tenant, version = manifest.tenant, manifest.version

@@ -210,6 +210,46 @@ class TestQdrantLocalRegistry(RegistryContract):
         # The next version number skips the foreign collection instead of adopting it.
         assert registry.create_version("acme", SPEC).version == 2
 
+    def test_a_request_resolves_the_active_version_in_two_calls_whatever_the_aliases(
+        self, registry: IndexRegistry, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        assert isinstance(registry, QdrantIndexRegistry)
+        for tenant in ("acme", *(f"t{n}" for n in range(6))):
+            registry.create_version(tenant, SPEC)
+            registry.mark_ready(tenant, 1, total_vectors=1)
+            registry.activate(tenant, 1)
+        client = registry._catalog._client  # type: ignore[attr-defined]
+        calls: list[str] = []
+        for name in ("get_aliases", "collection_exists", "get_collection", "get_collections"):
+            original = getattr(client, name)
+
+            def counted(*args: object, _name: str = name, _fn: object = original) -> object:
+                calls.append(_name)
+                return _fn(*args)  # type: ignore[operator]
+
+            monkeypatch.setattr(client, name, counted)
+        resolved = registry.lookup("acme", None)
+        assert (resolved.version, resolved.active) == (1, True)
+        # the server resolves the alias: no listing of every alias per request
+        assert calls == ["collection_exists", "get_collection"]
+        calls.clear()
+        assert registry.lookup("acme", 1).active
+        assert calls == ["collection_exists", "get_collection"]
+
+    def test_an_alias_is_trusted_only_with_its_own_tenants_manifest(
+        self, registry: IndexRegistry
+    ) -> None:
+        assert isinstance(registry, QdrantIndexRegistry)
+        registry.create_version("globex", SPEC)
+        catalog = registry._catalog
+        catalog.switch_alias("rag__acme", "rag__globex__v1")  # pointed at another tenant's
+        with pytest.raises(StoreError, match="foreign collection"):
+            registry.lookup("acme", None)
+        catalog.ensure_collection("other", DIM)  # no manifest
+        catalog.switch_alias("rag__acme", "other")
+        with pytest.raises(ManifestMismatchError, match="without a ragstream manifest"):
+            registry.lookup("acme", None)
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
