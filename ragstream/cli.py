@@ -872,7 +872,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--slo-error-rate", "error_rate", "fraction"),
     ):
         default = getattr(defaults, name)
-        p.add_argument(flag, type=float, default=default, help=f"{unit} (default {default:g})")
+        p.add_argument(flag, type=float, default=default, help=unit)
     p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser(
