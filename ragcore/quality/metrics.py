@@ -23,6 +23,13 @@ Abstention (positive class = "the system abstained", i.e. status NO_EVIDENCE):
 - abstention_recall    = unanswerable queries that abstained / all unanswerable queries
 A FAILED query is not an abstention (it is counted in `failed_rate`). A ratio with a zero
 denominator is None (undefined), never a made-up 0 or 1.
+How far a threshold *could* go, whatever rule chose it (over the queries that did not fail; a
+query's best evidence is its best-scored item's, 0 when nothing was scored):
+- abstention_auc = P(an answerable query's best evidence > an unanswerable one's), ties half:
+                   how well the evidence score separates the two, independent of the threshold;
+- abstention_recall_ceiling = the highest abstention_recall of any one threshold on the best
+                   evidence whose abstention precision is >= `CEILING_PRECISION`, chosen on the
+                   set itself: a diagnostic bound, never a result (a rule tuned on the set is).
 
 Calibration of the evidence score (`QueryRun.scored`: every entity the pack scored, i.e. the
 results and the below-threshold exclusions, with its evidence score; an item is positive when its
@@ -66,6 +73,8 @@ ANSWER_GRADE = 2
 CALIBRATION_BINS = 10
 #: The cut-off of the near-duplicate share.
 DUPLICATE_K = 5
+#: Abstention precision at which `abstention_recall_ceiling` is read (issue 26's criterion).
+CEILING_PRECISION = 0.85
 
 
 class Status(StrEnum):
@@ -417,6 +426,13 @@ def aggregate(rows: Sequence[QueryRow], ks: Sequence[int] = DEFAULT_KS) -> dict[
     correct_abstentions = sum(1 for r in abstained if not r.answerable)
     out["abstention_precision"] = _ratio(correct_abstentions, len(abstained))
     out["abstention_recall"] = _ratio(correct_abstentions, len(unanswerable))
+    best = [
+        (r.calibration[0][0] if r.calibration else 0.0, r.answerable)
+        for r in rows
+        if r.status is not Status.FAILED
+    ]
+    out["abstention_auc"] = _separation(best)
+    out["abstention_recall_ceiling"] = _recall_ceiling(best, len(unanswerable), CEILING_PRECISION)
     out["abstention_rate"] = _ratio(len(abstained), len(rows))
     out["false_abstention_rate"] = _ratio(
         sum(1 for r in answerable if r.abstained), len(answerable)
@@ -442,6 +458,33 @@ def aggregate(rows: Sequence[QueryRow], ks: Sequence[int] = DEFAULT_KS) -> dict[
     out["latency_mean_ms"] = _mean(latencies)
     out["latency_max_ms"] = max(latencies) if latencies else None
     return out
+
+
+def _separation(best: Sequence[tuple[float, bool]]) -> float | None:
+    """ROC AUC of the best evidence, answerable (positive) vs unanswerable (ties count half)."""
+    pos = [b for b, answerable in best if answerable]
+    neg = [b for b, answerable in best if not answerable]
+    if not pos or not neg:
+        return None
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return wins / (len(pos) * len(neg))
+
+
+def _recall_ceiling(
+    best: Sequence[tuple[float, bool]], negatives: int, precision: float
+) -> float | None:
+    """The best abstention recall (of `negatives`, every unanswerable query, as
+    `abstention_recall`) over every threshold (abstain below it) with at least `precision`; 0
+    when none reaches it, None without unanswerable queries."""
+    if not negatives:
+        return None
+    ceiling = 0.0
+    for t in sorted({b for b, _ in best} | {math.inf}):
+        correct = sum(1 for b, answerable in best if b < t and not answerable)
+        wrong = sum(1 for b, answerable in best if b < t and answerable)
+        if correct and correct / (correct + wrong) >= precision:
+            ceiling = max(ceiling, correct / negatives)
+    return ceiling
 
 
 # --- calibration -----------------------------------------------------------------------------

@@ -352,3 +352,31 @@ def test_context_p95_is_over_the_queries_that_sent_a_budget() -> None:
     assert result.aggregates["context_p95_ms"] == pytest.approx(1.0 + 0.95 * 2.0)
     without = evaluate(queries[:1], [QueryRun("c0", Status.SUCCESS)], KS)
     assert without.aggregates["context_p95_ms"] is None
+
+
+def test_abstention_separation_and_recall_ceiling_by_hand() -> None:
+    # best evidence: answerable a1 0.9, a2 0.5, a3 0.2; unanswerable u1 0.6, u2 0.3, u3 0.1;
+    # u4 failed (left out of both)
+    best = {"a1": 0.9, "a2": 0.5, "a3": 0.2, "u1": 0.6, "u2": 0.3, "u3": 0.1}
+    queries = [
+        query(
+            q,
+            QueryKind.PARAPHRASE if q[0] == "a" else QueryKind.UNANSWERABLE,
+            {"E": 3} if q[0] == "a" else {},
+        )
+        for q in (*best, "u4")
+    ]
+    runs = [
+        QueryRun(q, Status.SUCCESS, entity_ids=("E",), scored=(("E", v),)) for q, v in best.items()
+    ] + [QueryRun("u4", Status.FAILED, error_code="STORE_UNAVAILABLE")]
+    a = evaluate(queries, runs).aggregates
+    # pairs (answerable > unanswerable): a1 beats 3, a2 beats u2 and u3, a3 beats u3: 6 of 9
+    assert a["abstention_auc"] == pytest.approx(6 / 9)
+    # thresholds: < 0.2 abstains u3 only (P 1, R 1/4 of the four unanswerable, u4 included);
+    # < 0.5 abstains u3, a3, u2 (P 2/3 < 0.85); so the ceiling is 1/4
+    assert a["abstention_recall_ceiling"] == pytest.approx(1 / 4)
+
+
+def test_abstention_separation_is_undefined_without_both_kinds() -> None:
+    a = evaluate(QUERIES[:3], RUNS[:3]).aggregates
+    assert a["abstention_auc"] is None and a["abstention_recall_ceiling"] is None
