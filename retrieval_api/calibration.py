@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -176,8 +177,14 @@ class _Example:
     query: CalibrationQuery
     raw: RawPool
     labels: list[float | None]
-    features: _PoolRows
     train: bool = True
+    #: the chunk model's features (with the reranker's when it runs)
+    names: tuple[str, ...] = CHUNK_FEATURES
+
+    @cached_property
+    def features(self) -> _PoolRows:
+        """The pool's feature rows, computed on first use and kept."""
+        return _PoolRows.of(self.raw, self.names)
 
 
 @dataclass
@@ -514,7 +521,7 @@ def fit_calibration(
             lexicon=lexicon,
             with_rerank=with_rerank,
         )
-        gathered.append(_Example(query, raw, label_pool(query, raw), _PoolRows.of(raw, names)))
+        gathered.append(_Example(query, raw, label_pool(query, raw), names=names))
         if (n + 1) % 100 == 0:
             progress(f"{index.collection}: {n + 1}/{len(queries) + len(extra)} calibration queries")
     examples, threshold_only = gathered[: len(queries)], gathered[len(queries) :]
