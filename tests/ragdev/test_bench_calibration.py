@@ -8,42 +8,28 @@ from pathlib import Path
 
 import pytest
 
-from ragcore.quality.dataset import EvalEntity, EvalQuery, EvalSet, QueryKind, save_evalset
+from ragcore.quality.dataset import save_evalset
 from ragdev.bench.calibration import run
+from tests.retrieval_api.test_calibration import small_set
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-FACTS = (
-    "Annual subscriptions are refunded pro rata within thirty days of renewal.",
-    "Grease the bearings of the GX-PMP-4200 every 2,000 operating hours.",
-    "The staging VPN certificate expires every ninety days and is renewed by IT.",
-    "A SEV1 incident needs a public postmortem within five business days.",
-    "Only trained staff with a yellow badge may drive a forklift in the hall.",
-)
-
 
 def test_fits_are_timed_and_equal_fits_hash_alike(tmp_path: Path) -> None:
-    entities = tuple(
-        EvalEntity(
-            entity_id=f"{tenant}-{n}",
-            tenant=tenant,
-            entity_type="KNOWLEDGE_ARTIFACT",
-            title=f"{tenant.title()} policy {n}",
-            content=f"# {tenant.title()} policy {n}\n\n{fact} " * (3 if tenant == "acme" else 2),
+    acme = small_set()
+    # a second tenant with another corpus: part of the same topics, shorter
+    globex = tuple(
+        entity.model_copy(
+            update={
+                "entity_id": f"globex-{entity.entity_id}",
+                "tenant": "globex",
+                "content": entity.content[: len(entity.content) * 2 // 3],
+            }
         )
-        for tenant in ("acme", "globex")
-        for n, fact in enumerate(FACTS)
-    )
-    query = EvalQuery(
-        query_id="q",
-        text="refund",
-        tenant="acme",
-        kind=QueryKind.KEYWORD,
-        answerable=True,
-        relevant={"acme-0": 3},
+        for entity in acme.entities[:6]
     )
     path = tmp_path / "small.json"
-    save_evalset(EvalSet(name="small", version="1", entities=entities, queries=(query,)), path)
+    save_evalset(acme.model_copy(update={"entities": (*acme.entities, *globex)}), path)
     report = run(
         str(path), rounds=2, seed=1, threshold_queries=2, cache_dir=None, data_dir=tmp_path / "run"
     )

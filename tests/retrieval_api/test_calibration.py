@@ -181,22 +181,22 @@ class _DirectRows:
 def _scan_hard(
     best: Sequence[float], answerable: Sequence[bool], max_false: float
 ) -> tuple[float, dict[str, Any]]:
-    """`_choose_hard` as a scan of every query for every candidate threshold (before
-    bisection)."""
+    """`_choose_hard` as a scan of every query for every candidate threshold (as before the
+    bisection): the lowest of the thresholds with the best balanced accuracy."""
     positives = sum(answerable)
     negatives = len(answerable) - positives
     if not positives or not negatives:
         return 0.5, {"reason": "held-out queries lack a class: 0.5"}
-    chosen, chosen_score = 0.0, -1.0
+    allowed: dict[float, float] = {}
     for t in sorted({round(v, 4) for v in best} | {0.5}):
-        false_abstain = sum(1 for b, a in zip(best, answerable, strict=True) if a and b < t)
-        true_abstain = sum(1 for b, a in zip(best, answerable, strict=True) if not a and b < t)
-        if false_abstain / positives > max_false:
-            continue
-        balanced = 0.5 * ((positives - false_abstain) / positives + true_abstain / negatives)
-        if balanced > chosen_score:
-            chosen, chosen_score = t, balanced
-    return min(max(chosen, 0.0), 1.0), {"balanced_accuracy": round(chosen_score, 4)}
+        below = [a for b, a in zip(best, answerable, strict=True) if b < t]
+        wrong, right = sum(below), len(below) - sum(below)
+        if wrong / positives <= max_false:
+            allowed[t] = 0.5 * ((positives - wrong) / positives + right / negatives)
+    if not allowed:
+        return 0.0, {"balanced_accuracy": -1.0}
+    chosen = max(allowed, key=lambda t: (allowed[t], -t))
+    return min(max(chosen, 0.0), 1.0), {"balanced_accuracy": round(allowed[chosen], 4)}
 
 
 def test_the_calibration_equals_the_one_of_the_direct_computation(
