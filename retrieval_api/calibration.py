@@ -135,6 +135,8 @@ class _PoolRows:
     times: computing them once per pool instead of per model and fit was most of the
     calibration's own CPU besides the search (docs/decisions/abstention-threshold.md)."""
 
+    #: the chunk model's features, the columns of `rows`
+    names: tuple[str, ...]
     #: the query model's row (the pool's first candidate) and the chunk model's rows
     query_row: NDArray[np.float64]
     rows: NDArray[np.float64]
@@ -154,14 +156,15 @@ class _PoolRows:
         channels = tuple(
             (found, *rows([raw.signals[i] for i in found])) for found in channel_pools(raw)
         )
-        return cls(*rows(raw.signals), channels)
+        return cls(tuple(names), *rows(raw.signals), channels)
 
     def evidence(self, calibration: EvidenceCalibration) -> list[float]:
         """`candidates.pool_evidence` of the pool, from these rows."""
         if not self.rows.shape[0]:
             return []
-        if calibration.query_model.features != QUERY_FEATURES or self.rows.shape[1] != len(
-            calibration.model.features
+        if (calibration.query_model.features, calibration.model.features) != (
+            QUERY_FEATURES,
+            self.names,
         ):
             raise ValueError("the pool's rows were computed for other model features")
         evidence = calibration.evidence_of_rows(self.query_row, self.rows)
@@ -288,9 +291,9 @@ def _rows(
     xs: list[NDArray[np.float64]] = []
     ys: list[float] = []
     for e in examples:
-        x = e.features.rows
-        if x.shape[1] != len(names):
+        if e.features.names != tuple(names):
             raise ValueError(f"the pool's rows were computed for other features than {names}")
+        x = e.features.rows
         keep = [i for i, label in enumerate(e.labels) if label is not None]
         if keep:
             xs.append(x[keep])
