@@ -30,22 +30,24 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ragcore.embedders.base import Embedder
+from ragcore.embedders.base import Embedder, embed_queries
 from ragcore.quality.metrics import expected_calibration_error
 from ragcore.quality.significance import compare
 from ragcore.sparse import LexiconStats
 from ragcore.store.base import CHUNK_ID, ENTITY_ID, StoreFilter, VectorStore
 from ragcore.store.registry import IndexRegistry, ResolvedIndex
-from retrieval_api.candidates import CandidateSearch, RawPool, finish, pool_evidence
+from retrieval_api.candidates import CandidateSearch, RawPool, channel_pools
 from retrieval_api.evidence_score import (
     CHUNK_FEATURES,
     QUERY_FEATURES,
@@ -54,6 +56,7 @@ from retrieval_api.evidence_score import (
     EvidenceThresholds,
     LogisticModel,
     RankingChoice,
+    Signals,
     feature_matrix,
     fit_logistic,
 )
@@ -123,12 +126,68 @@ class CalibrationSettings:
             )
 
 
+@dataclass(frozen=True)
+class _PoolRows:
+    """The feature rows of one query's pool (`pool_evidence`'s inputs), computed once.
+
+    The features depend on the pool alone, not on the model, and the calibration scores each
+    pool with up to six models (the draft, the fold models) and fits on the same rows six
+    times: computing them once per pool instead of per model and fit was most of the
+    calibration's own CPU besides the search (docs/decisions/abstention-threshold.md)."""
+
+    #: the chunk model's features, the columns of `rows`
+    names: tuple[str, ...]
+    #: the query model's row (the pool's first candidate) and the chunk model's rows
+    query_row: NDArray[np.float64]
+    rows: NDArray[np.float64]
+    #: the same for each channel's own pool (`channel_pools`), with its candidates' indexes
+    channels: tuple[tuple[list[int], NDArray[np.float64], NDArray[np.float64]], ...]
+
+    @classmethod
+    def of(cls, raw: RawPool, names: Sequence[str]) -> _PoolRows:
+        """The rows of `raw` for a chunk model over `names`."""
+
+        def rows(signals: Sequence[Signals]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+            return (
+                feature_matrix(raw.query, signals[:1], QUERY_FEATURES),
+                feature_matrix(raw.query, signals, names),
+            )
+
+        channels = tuple(
+            (found, *rows([raw.signals[i] for i in found])) for found in channel_pools(raw)
+        )
+        return cls(tuple(names), *rows(raw.signals), channels)
+
+    def evidence(self, calibration: EvidenceCalibration) -> list[float]:
+        """`candidates.pool_evidence` of the pool, from these rows."""
+        if not self.rows.shape[0]:
+            return []
+        if (calibration.query_model.features, calibration.model.features) != (
+            QUERY_FEATURES,
+            self.names,
+        ):
+            raise ValueError("the pool's rows were computed for other model features")
+        evidence = calibration.evidence_of_rows(self.query_row, self.rows)
+        for found, query_row, rows in self.channels:
+            alone = calibration.evidence_of_rows(query_row, rows)
+            for i, p in zip(found, alone, strict=True):
+                evidence[i] = max(evidence[i], p)
+        return evidence
+
+
 @dataclass
 class _Example:
     query: CalibrationQuery
     raw: RawPool
     labels: list[float | None]
     train: bool = True
+    #: the chunk model's features (with the reranker's when it runs)
+    names: tuple[str, ...] = CHUNK_FEATURES
+
+    @cached_property
+    def features(self) -> _PoolRows:
+        """The pool's feature rows, computed on first use and kept."""
+        return _PoolRows.of(self.raw, self.names)
 
 
 @dataclass
@@ -217,7 +276,9 @@ def _folds(examples: Sequence[_Example], k: int, seed: int) -> list[int]:
 def _query_rows(
     examples: Sequence[_Example], names: Sequence[str]
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    xs = [feature_matrix(e.raw.query, e.raw.signals[:1], names) for e in examples if len(e.raw)]
+    if tuple(names) != QUERY_FEATURES:
+        raise ValueError(f"the query rows are computed for {QUERY_FEATURES}, not {names}")
+    xs = [e.features.query_row for e in examples if len(e.raw)]
     ys = [1.0 if e.query.answerable else 0.0 for e in examples if len(e.raw)]
     if not xs:
         return np.zeros((0, len(names))), np.zeros(0)
@@ -230,7 +291,9 @@ def _rows(
     xs: list[NDArray[np.float64]] = []
     ys: list[float] = []
     for e in examples:
-        x = feature_matrix(e.raw.query, e.raw.signals, names)
+        if e.features.names != tuple(names):
+            raise ValueError(f"the pool's rows were computed for other features than {names}")
+        x = e.features.rows
         keep = [i for i, label in enumerate(e.labels) if label is not None]
         if keep:
             xs.append(x[keep])
@@ -279,16 +342,27 @@ def _choose_order(
     queries are left out: the identifier rule orders them, not the fusion, and their exact
     tokens would tilt the choice to the lexical channel (issue 26 item 5).
     """
+    compared = [
+        (n, e)
+        for n, e in enumerate(examples)
+        if e.query.answerable and e.query.kind != "identifier"
+    ]
+    # the evidence does not depend on the order: scored once per query, for the evidence order
+    # (a fusion's scores do not read it: `RankingChoice.scores`)
+    evidence = {n: e.features.evidence(calibration) for n, e in compared if not e.train}
     per_choice: list[dict[str, float]] = []
     for choice in settings.choices:
         values: dict[str, float] = {}
-        for n, e in enumerate(examples):
-            if not e.query.answerable or e.query.kind == "identifier":
-                continue
+        for n, e in compared:
             if choice.order == "evidence" and e.train:
                 continue
-            pool = finish(e.raw, calibration, choice)
-            value = _ndcg10(e, [h.score for h in pool.hits], protect)
+            signals = e.raw.signals
+            scores = choice.scores(
+                [s.cosine for s in signals],
+                [s.lexical.score for s in signals],
+                evidence[n] if choice.order == "evidence" else (),
+            )
+            value = _ndcg10(e, scores, protect)
             if value is not None:
                 values[f"q{n}"] = value
         per_choice.append(values)
@@ -359,11 +433,7 @@ def _cross_fitted_best(
 
 
 def _max_evidence(examples: Sequence[_Example], calibration: EvidenceCalibration) -> list[float]:
-    out = []
-    for e in examples:
-        evidence = pool_evidence(e.raw, calibration)
-        out.append(max(evidence, default=0.0))
-    return out
+    return [max(e.features.evidence(calibration), default=0.0) for e in examples]
 
 
 def _choose_hard(
@@ -374,10 +444,14 @@ def _choose_hard(
     if not positives or not negatives:
         return 0.5, {"reason": "held-out queries lack a class: 0.5"}
     candidates = sorted({round(v, 4) for v in best} | {0.5})
+    # how many of each class lie below t, by bisection (one pass per candidate over ~1,100
+    # out-of-fold scores was quadratic)
+    positive_best = sorted(b for b, a in zip(best, answerable, strict=True) if a)
+    negative_best = sorted(b for b, a in zip(best, answerable, strict=True) if not a)
     chosen, chosen_score = 0.0, -1.0
     for t in candidates:
-        false_abstain = sum(1 for b, a in zip(best, answerable, strict=True) if a and b < t)
-        true_abstain = sum(1 for b, a in zip(best, answerable, strict=True) if not a and b < t)
+        false_abstain = bisect_left(positive_best, t)
+        true_abstain = bisect_left(negative_best, t)
         if false_abstain / positives > max_false:
             continue
         balanced = 0.5 * ((positives - false_abstain) / positives + true_abstain / negatives)
@@ -435,9 +509,12 @@ def fit_calibration(
     ]
     limit = candidate_k or search.config.candidate_k(settings.top_k)
     tenant_filter = StoreFilter(tenant_id=index.tenant)
+    names = (*CHUNK_FEATURES, RERANK_FEATURE) if with_rerank else CHUNK_FEATURES
     gathered: list[_Example] = []
-    for n, query in enumerate((*queries, *extra)):
-        vector = embedder.embed_query(query.text)
+    everything = (*queries, *extra)
+    # one batched call: the same vectors as one `embed_query` each, at less CPU
+    vectors = embed_queries(embedder, [q.text for q in everything])
+    for n, (query, vector) in enumerate(zip(everything, vectors, strict=True)):
         raw = search.gather(
             index.collection,
             query.text,
@@ -447,14 +524,13 @@ def fit_calibration(
             lexicon=lexicon,
             with_rerank=with_rerank,
         )
-        gathered.append(_Example(query, raw, label_pool(query, raw)))
+        gathered.append(_Example(query, raw, label_pool(query, raw), names=names))
         if (n + 1) % 100 == 0:
             progress(f"{index.collection}: {n + 1}/{len(queries) + len(extra)} calibration queries")
     examples, threshold_only = gathered[: len(queries)], gathered[len(queries) :]
     _split(examples, settings.holdout, settings.seed)
     train = [e for e in examples if e.train]
     held = [e for e in examples if not e.train]
-    names = (*CHUNK_FEATURES, RERANK_FEATURE) if with_rerank else CHUNK_FEATURES
     model, query_model = _fit_models(train, names, settings.l2)
     draft = EvidenceCalibration(
         model=model,
@@ -497,7 +573,7 @@ def fit_calibration(
     held_p: list[float] = []
     held_y: list[float] = []
     for e in held:
-        for p, label in zip(pool_evidence(e.raw, draft), e.labels, strict=True):
+        for p, label in zip(e.features.evidence(draft), e.labels, strict=True):
             if label is not None:
                 held_p.append(p)
                 held_y.append(label)

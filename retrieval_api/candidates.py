@@ -142,16 +142,22 @@ def pool_evidence(raw: RawPool, calibration: EvidenceCalibration) -> list[float]
     found it; the calibration chooses its threshold with this same score.
     """
     evidence = calibration.evidence(raw.query, raw.signals)
-    for found in (
-        [i for i, h in enumerate(raw.hits) if h.dense_rank is not None],
-        [i for i, h in enumerate(raw.hits) if h.sparse_rank is not None],
-    ):
-        if not found or len(found) == len(raw.hits):
-            continue  # that channel's pool is the whole pool (or it found nothing)
+    for found in channel_pools(raw):
         alone = calibration.evidence(raw.query, [raw.signals[i] for i in found])
         for i, p in zip(found, alone, strict=True):
             evidence[i] = max(evidence[i], p)
     return evidence
+
+
+def channel_pools(raw: RawPool) -> list[list[int]]:
+    """The candidates (indexes into `raw`) of each channel whose pool `pool_evidence` scores
+    apart: the dense and the sparse branch's, unless a channel found nothing or everything."""
+    pools = (
+        [i for i, h in enumerate(raw.hits) if h.dense_rank is not None],
+        [i for i, h in enumerate(raw.hits) if h.sparse_rank is not None],
+    )
+    # a channel whose pool is the whole pool (or that found nothing) adds nothing
+    return [found for found in pools if found and len(found) != len(raw.hits)]
 
 
 def finish(raw: RawPool, calibration: EvidenceCalibration, choice: RankingChoice) -> Pool:

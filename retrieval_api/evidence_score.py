@@ -422,9 +422,19 @@ class EvidenceCalibration:
         """The evidence score of each candidate: P(answerable) x P(answer | answerable)."""
         if not signals:
             return []
-        answerable = self.answerable(query, signals)
-        x = feature_matrix(query, signals, self.model.features)
-        return [answerable * float(p) for p in self.model.predict(x)]
+        return self.evidence_of_rows(
+            feature_matrix(query, signals[:1], self.query_model.features),
+            feature_matrix(query, signals, self.model.features),
+        )
+
+    def evidence_of_rows(
+        self, query_row: NDArray[np.float64], rows: NDArray[np.float64]
+    ) -> list[float]:
+        """`evidence` from feature rows already computed: the query model's row (of the pool's
+        first candidate) and the chunk model's rows (the calibration scores each pool with
+        several models and computes its features once)."""
+        answerable = float(self.query_model.predict(query_row)[0])
+        return [answerable * float(p) for p in self.model.predict(rows)]
 
     def to_json(self) -> str:
         """The stored form (JSON, keys sorted: identical calibrations give identical text)."""

@@ -27,6 +27,7 @@ BENCHMARKS = {
     "cdc": "PostgreSQL commit -> searchable through Retrieve, with real Debezium",
     "tenants": "what N small tenants cost, shared (partitions) or dedicated (collections)",
     "noisy": "does a quiet tenant keep its latency while another floods Retrieve",
+    "calibration": "what one index's calibration costs (CPU, wall), with a hash of its result",
 }
 #: `ragstream eval --dataset`: the named eval sets (or a path).
 DATASETS = "golden | manpages | faqs | demo | neardomain | beir:<dir> | <evalset.json>"

@@ -23,7 +23,13 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
-from ragcore.embedders.base import Embedder, Vectors, check_dimension, with_prefix
+from ragcore.embedders.base import (
+    Embedder,
+    Vectors,
+    check_dimension,
+    embed_queries,
+    with_prefix,
+)
 from ragcore.embedders.spec import EmbeddingSpec
 from ragcore.errors import ConfigError, EmbeddingError, EmbeddingUnavailableError
 
@@ -408,6 +414,27 @@ class CachedEmbedder:
         vector = self._inner.embed_query(text)
         self._cache.put_many([(key, vector)], spec.model_version)
         return vector
+
+    def embed_queries(self, texts: Sequence[str]) -> Vectors:
+        """`embed_query` of each text; the texts not served by the cache go to the inner
+        embedder's batch path (`embed_queries`)."""
+        if not self._cache_queries:
+            return embed_queries(self._inner, texts)
+        spec = self._inner.spec
+        keys = [content_hash(t) for t in with_prefix(spec.query_prefix, texts)]
+        hits = self._cache.get_many(keys, spec.model_version, spec.dimension)
+        missing = [i for i, hit in enumerate(hits) if hit is None]
+        fresh = embed_queries(self._inner, [texts[i] for i in missing])
+        if missing:
+            pairs = dict(zip((keys[i] for i in missing), fresh, strict=True))
+            self._cache.put_many(list(pairs.items()), spec.model_version)
+        out = np.empty((len(texts), spec.dimension), dtype=np.float32)
+        for i, hit in enumerate(hits):
+            if hit is not None:
+                out[i] = hit
+        for i, vector in zip(missing, fresh, strict=True):
+            out[i] = vector
+        return out
 
     def check(self) -> None:
         """Check the cache, then the inner embedder."""

@@ -328,6 +328,35 @@ class LocalOnnxEmbedder:
         vectors = self._embed(with_prefix(self._spec.query_prefix, [text]))
         return vectors.reshape(self._spec.dimension)
 
+    def embed_queries(self, texts: Sequence[str]) -> Vectors:
+        """The vectors of `texts` as queries, each bitwise equal to `embed_query`'s.
+
+        Float execution: queries of the same length in tokens run in batches (no padding: a
+        batch of one length computes each query's rows exactly as alone) on the session
+        `embed_query` uses, at about 2/3 of the CPU of one call per query. Int8 execution
+        quantizes each call's activations with one scale for the whole batch, so a query's
+        vector would depend on its batch-mates: one call per query."""
+        if self._config.execution == "int8":
+            if not texts:
+                return empty_vectors(self._spec)
+            return np.stack([self.embed_query(text) for text in texts])
+        session = self._single if self._single is not None else self._session
+        if self._closed or session is None:
+            raise EmbeddingError(f"{self._spec.model_version}: embedder is closed")
+        encodings: list[Encoding] = self._tokenizer.encode_batch(
+            with_prefix(self._spec.query_prefix, texts)
+        )
+        by_length: dict[int, list[int]] = {}
+        for i, encoding in enumerate(encodings):
+            by_length.setdefault(len(encoding.ids), []).append(i)
+        pooled = np.empty((len(texts), self._spec.dimension), dtype=np.float32)
+        size = self._config.batch_size
+        for rows in by_length.values():
+            for start in range(0, len(rows), size):
+                batch = rows[start : start + size]
+                pooled[batch] = self._run_batch(session, [encodings[i] for i in batch])
+        return finalize(pooled, self._spec, len(texts))
+
     def check(self) -> None:
         """Embed one short text; raises `EmbeddingError` when the session is closed or broken."""
         self.embed_query("ragstream health check")

@@ -6,13 +6,19 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
+from ragcore.embedders.base import Embedder
 from ragcore.embedders.local_onnx import LocalOnnxEmbedder
 from ragcore.kafka_config import KafkaSettings
 from ragcore.quality.dataset import EvalEntity, EvalQuery, EvalSet, QueryKind
@@ -23,9 +29,15 @@ from ragcore.store.edge import EdgeStore
 from ragcore.store.registry import FileIndexRegistry, ResolvedIndex
 from ragdev.eval.configs import DEFAULT_CONFIGS
 from ragdev.eval.runner import _records, run_eval
+from retrieval_api import calibration as calibration_module
 from retrieval_api.calibration import CalibrationSettings, calibrate_version, fit_calibration
-from retrieval_api.candidates import CalibrationMismatchError, CandidateSearch
-from retrieval_api.evidence_score import EvidenceCalibration
+from retrieval_api.candidates import (
+    CalibrationMismatchError,
+    CandidateSearch,
+    RawPool,
+    pool_evidence,
+)
+from retrieval_api.evidence_score import QUERY_FEATURES, EvidenceCalibration, feature_matrix
 from retrieval_api.pipeline_settings import RetrievalConfig
 from retrieval_api.selfsupervised import NEGATIVE_MIX
 from streams.app import build_worker
@@ -144,6 +156,91 @@ def test_calibration_is_fitted_from_the_index_stored_with_it_and_reproducible(
     assert text is not None and json.loads(text)["source"] == "fitted"
     assert EvidenceCalibration.from_json(text).fingerprint == stored.fingerprint
     assert search.calibration(resolved).fingerprint == stored.fingerprint  # cache was dropped
+
+
+@dataclass(frozen=True)
+class _DirectRows:
+    """The calibration's pool rows as they were computed before they were cached: the
+    features again for every model and fit, the evidence by `pool_evidence` itself."""
+
+    raw: RawPool
+    names: tuple[str, ...]
+
+    @property
+    def query_row(self) -> NDArray[np.float64]:
+        return feature_matrix(self.raw.query, self.raw.signals[:1], QUERY_FEATURES)
+
+    @property
+    def rows(self) -> NDArray[np.float64]:
+        return feature_matrix(self.raw.query, self.raw.signals, self.names)
+
+    def evidence(self, calibration: EvidenceCalibration) -> list[float]:
+        return pool_evidence(self.raw, calibration)
+
+
+def _scan_hard(
+    best: Sequence[float], answerable: Sequence[bool], max_false: float
+) -> tuple[float, dict[str, Any]]:
+    """`_choose_hard` as a scan of every query for every candidate threshold (as before the
+    bisection): the lowest of the thresholds with the best balanced accuracy."""
+    positives = sum(answerable)
+    negatives = len(answerable) - positives
+    if not positives or not negatives:
+        return 0.5, {"reason": "held-out queries lack a class: 0.5"}
+    allowed: dict[float, float] = {}
+    for t in sorted({round(v, 4) for v in best} | {0.5}):
+        below = [a for b, a in zip(best, answerable, strict=True) if b < t]
+        wrong, right = sum(below), len(below) - sum(below)
+        if wrong / positives <= max_false:
+            allowed[t] = 0.5 * ((positives - wrong) / positives + right / negatives)
+    if not allowed:
+        return 0.0, {"balanced_accuracy": -1.0}
+    chosen = max(allowed, key=lambda t: (allowed[t], -t))
+    return min(max(chosen, 0.0), 1.0), {"balanced_accuracy": round(allowed[chosen], 4)}
+
+
+def test_the_calibration_equals_the_one_of_the_direct_computation(
+    index: tuple[EdgeStore, FileIndexRegistry, ResolvedIndex],
+    embedder: LocalOnnxEmbedder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The calibration's cost cuts (batched query embedding, feature rows computed once per
+    pool, the threshold scan by bisection) change nothing: the stored calibration, report
+    included, is the one of one `embed_query` per query, the features recomputed for every
+    model and `pool_evidence` (docs/decisions/abstention-threshold.md, cost)."""
+    store, registry, resolved = index
+    search = CandidateSearch(
+        config=RetrievalConfig(), encoder=Bm25Encoder(), store=store, registry=registry
+    )
+    settings = CalibrationSettings(positives=40, negatives=40, seed=2)
+    fitted_at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def fit() -> dict[str, Any]:
+        fitted = fit_calibration(
+            search, resolved, embedder, store, settings=settings, clock=lambda: fitted_at
+        )
+        stored: dict[str, Any] = json.loads(fitted.to_json())
+        del stored["report"]["seconds"]  # the one field that measures the run
+        return stored
+
+    cheap = fit()
+    embedded: list[str] = []
+
+    def one_by_one(model: Embedder, texts: Sequence[str]) -> NDArray[np.float32]:
+        embedded.extend(texts)
+        return np.stack([model.embed_query(t) for t in texts])
+
+    monkeypatch.setattr(calibration_module, "embed_queries", one_by_one)
+    monkeypatch.setattr(
+        calibration_module._PoolRows,
+        "of",
+        classmethod(lambda _cls, raw, names: _DirectRows(raw, tuple(names))),
+    )
+    monkeypatch.setattr(calibration_module, "_choose_hard", _scan_hard)
+    direct = fit()
+    assert len(embedded) > 4 * 60  # the route above ran, for every query
+    assert cheap["report"]["hard_threshold"]["queries"] > 200
+    assert cheap == direct
 
 
 def test_showcase_identifier_query_returns_a_chunk_holding_the_identifier_first() -> None:

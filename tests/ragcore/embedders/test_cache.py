@@ -14,7 +14,7 @@ import numpy.typing as npt
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ragcore.embedders.base import Embedder, l2_normalize
+from ragcore.embedders.base import Embedder, embed_queries, l2_normalize
 from ragcore.embedders.cache import (
     CachedEmbedder,
     EmbeddingCache,
@@ -219,6 +219,27 @@ def test_queries_bypass_the_cache_unless_configured(tmp_path: Path) -> None:
     # A query and a document of the same text are different keys (different prefixes).
     caching.embed_documents(["hello"])
     assert inner.calls == [["hello"]]
+    caching.close()
+
+
+@pytest.mark.unit
+def test_embed_queries_is_embed_query_of_each_text(tmp_path: Path) -> None:
+    inner = FakeEmbedder()  # no batch path: one `embed_query` call per text
+    texts = ["hello", "world", "hello"]
+    expected = np.stack([inner.embed_query(t) for t in texts])
+    plain = CachedEmbedder(inner, make(tmp_path / "c.db"), close_cache=False)
+    inner.query_calls.clear()
+    np.testing.assert_array_equal(plain.embed_queries(texts), expected)
+    assert inner.query_calls == texts  # not cached without cache_queries
+    caching = CachedEmbedder(inner, plain.cache, cache_queries=True)
+    caching.embed_query("world")
+    inner.query_calls.clear()
+    np.testing.assert_array_equal(caching.embed_queries(texts), expected)
+    assert inner.query_calls == ["hello", "hello"]  # the misses only
+    inner.query_calls.clear()
+    np.testing.assert_array_equal(caching.embed_queries(texts), expected)
+    assert inner.query_calls == []
+    assert embed_queries(caching, []).shape == (0, DIM)
     caching.close()
 
 

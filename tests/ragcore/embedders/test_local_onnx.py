@@ -9,7 +9,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from tokenizers import Tokenizer
 
 from ragcore.embedders import local_onnx
-from ragcore.embedders.base import Embedder
+from ragcore.embedders.base import Embedder, QueryBatchEmbedder, embed_queries
 from ragcore.embedders.local_onnx import (
     MINILM_INT8_SHA256,
     MINILM_INT8_SPEC,
@@ -132,6 +132,32 @@ def test_batch_size_does_not_change_vectors(embedder: LocalOnnxEmbedder) -> None
         )
     finally:
         small.close()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("execution", ["float", "int8"])
+def test_embed_queries_gives_each_query_its_embed_query_vector(
+    execution: Literal["float", "int8"],
+) -> None:
+    """The calibration embeds its ~1,200 queries in one call: bitwise the vectors one call
+    each gives (its fitted models and threshold must not depend on how they were embedded),
+    with lengths that share a batch, lengths alone, and more of one length than a batch."""
+    model = LocalOnnxEmbedder(LocalEmbedderConfig(execution=execution, batch_size=4))
+    queries = [
+        *SAMPLES,
+        *(f"how is error E{n} of pump {n % 3} fixed" for n in range(9)),
+        "refund",
+        "",
+    ]
+    try:
+        assert isinstance(model, QueryBatchEmbedder)
+        together = embed_queries(model, queries)
+        alone = np.stack([model.embed_query(q) for q in queries])
+        assert together.dtype == np.float32
+        np.testing.assert_array_equal(together, alone)
+        assert embed_queries(model, []).shape == (0, 384)
+    finally:
+        model.close()
 
 
 class _CountingSession:
