@@ -5,8 +5,8 @@
    contain it (a sparse search for that token alone), so a chunk holding the error code the
    question names is always a candidate.
 2. *Pool*: the union of those hits. Every candidate gets the cosine of query and chunk (the
-   dense branch's score, else computed from the stored vector: the sparse branch's hits carry
-   it, the identifier searches' hits are read for it) and exact BM25 with the index's own
+   dense branch's score; the sparse branch's hits carry the engine's cosine; the identifier
+   searches' hits are read for their stored vector) and exact BM25 with the index's own
    statistics (`ragcore.sparse.Bm25Scorer`), so no candidate lacks a channel.
 3. *Score* (`finish`): the evidence score of every candidate (`EvidenceCalibration.evidence`)
    and the score that orders them (a fusion of cosine and BM25 over the pool, or the evidence
@@ -350,11 +350,11 @@ class CandidateSearch:
         dense, sparse = self._search(collection, text, vector, store_filter, limit)
         extra = self._identifier_hits(collection, query, store_filter, limit)
         hits, cosines = self._pool(dense, sparse, extra)
-        # the sparse branch's hits came with their dense vectors: the cosine of those the
-        # dense branch did not find is computed here, without a second read of the store
+        # the sparse branch's hits came with their cosine (computed by the engine, as the
+        # dense branch's scores are): no read of their vectors
         for h in sparse:
-            if h.dense is not None and h.point_id not in cosines:
-                cosines[h.point_id] = float(np.dot(h.dense, vector))
+            if h.dense_score is not None and h.point_id not in cosines:
+                cosines[h.point_id] = h.dense_score
         missing = [h.point_id for h in hits if h.point_id not in cosines]
         if missing:
             tenant = store_filter.tenant_id
@@ -408,7 +408,7 @@ class CandidateSearch:
             store_filter,
             limit=limit + 1,
             prefetch_limit=limit + 1,
-            sparse_with_vectors=True,
+            sparse_dense_scores=True,
         )
 
         def sparse_branch(k: int) -> Sequence[ScoredHit]:

@@ -65,9 +65,21 @@ class QdrantEngine(ABC):
 
     @abstractmethod
     def _request(
-        self, query: Any, using: str, condition: Any, limit: int, with_vectors: bool
+        self,
+        query: Any,
+        using: str,
+        condition: Any,
+        limit: int,
+        with_vectors: bool,
+        *,
+        with_payload: bool = True,
     ) -> Any:
         """One nearest-neighbour request on the named vector `using`."""
+
+    @abstractmethod
+    def _among(self, condition: Any, ids: Sequence[Any]) -> Any:
+        """The engine filter `condition` narrowed to the points `ids` (ids as the engine
+        returns them in its hits)."""
 
     @abstractmethod
     def _run(self, name: str, requests: Sequence[Any]) -> list[Sequence[Any]]:
@@ -211,22 +223,52 @@ class QdrantEngine(ABC):
         *,
         limit: int,
         prefetch_limit: int,
-        sparse_with_vectors: bool = False,
+        sparse_dense_scores: bool = False,
     ) -> HybridResult:
         """Dense and sparse branches in one round trip (an empty sparse query: dense only);
-        `sparse_with_vectors`: the sparse hits carry their dense vectors."""
+        `sparse_dense_scores`: the sparse hits carry their cosine with `dense` (see
+        `_with_dense_scores`)."""
         if prefetch_limit < limit:
             raise ValueError(f"prefetch_limit ({prefetch_limit}) must be >= limit ({limit})")
-        requests = [self._query(dense_list(dense), DENSE_VECTOR, filter, prefetch_limit, False)]
+        if prefetch_limit <= 0:
+            raise ValueError(f"limit must be > 0, got {prefetch_limit}")
+        vector = dense_list(dense)
+        condition = self._filter(filter)
+        requests = [self._request(vector, DENSE_VECTOR, condition, prefetch_limit, False)]
         if len(sparse):
             query = self._sparse_query(sparse)
-            requests.append(
-                self._query(query, SPARSE_VECTOR, filter, prefetch_limit, sparse_with_vectors)
-            )
+            requests.append(self._request(query, SPARSE_VECTOR, condition, prefetch_limit, False))
         results = self._run(name, requests)
         dense_hits = self._hits(results[0], filter.tenant_id)
         sparse_hits = self._hits(results[1], filter.tenant_id) if len(results) > 1 else []
+        if sparse_dense_scores and sparse_hits:
+            # the sparse hits' cosine: the dense branch's score of the points it found too,
+            # one dense query restricted to the others (see `_dense_scores`)
+            scores = {h.point_id: h.score for h in dense_hits}
+            others = [
+                p.id  # the engine's own id: it parses it faster than the string
+                for p, h in zip(results[1], sparse_hits, strict=True)
+                if h.point_id not in scores
+            ]
+            if others:
+                scores.update(self._dense_scores(name, vector, condition, others))
+            sparse_hits = [
+                ScoredHit(h.point_id, h.score, h.payload, h.dense, scores.get(h.point_id))
+                for h in sparse_hits
+            ]
         return HybridResult(tuple(dense_hits), tuple(sparse_hits), limit)
+
+    def _dense_scores(
+        self, name: str, vector: list[float], condition: Any, ids: Sequence[Any]
+    ) -> dict[str, float]:
+        """The cosine of `vector` with each of the points `ids` that `condition` lets through,
+        by one dense query restricted to them, without payload or vectors: only ids and scores
+        cross into Python (reading each point's 384 floats into an array cost more than the
+        query). A point deleted meanwhile is absent."""
+        request = self._request(
+            vector, DENSE_VECTOR, self._among(condition, ids), len(ids), False, with_payload=False
+        )
+        return {str(p.id): float(p.score) for p in self._run(name, [request])[0]}
 
     def retrieve(
         self,

@@ -417,7 +417,7 @@ class HostedStore:
         *,
         limit: int,
         prefetch_limit: int,
-        sparse_with_vectors: bool = False,
+        sparse_dense_scores: bool = False,
     ) -> HybridResult:
         """See `VectorStore.search_hybrid` (runs in the host)."""
         result: HybridResult = self._call(
@@ -428,7 +428,7 @@ class HostedStore:
             filter,
             limit=limit,
             prefetch_limit=prefetch_limit,
-            sparse_with_vectors=sparse_with_vectors,
+            sparse_dense_scores=sparse_dense_scores,
         )
         return result
 

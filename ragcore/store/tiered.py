@@ -477,7 +477,7 @@ class TieredStore:
         *,
         limit: int,
         prefetch_limit: int,
-        sparse_with_vectors: bool = False,
+        sparse_dense_scores: bool = False,
     ) -> HybridResult:
         """Both branches in one round trip."""
         collection, scoped = self._scoped(name, filter)
@@ -488,7 +488,7 @@ class TieredStore:
             scoped,
             limit=limit,
             prefetch_limit=prefetch_limit,
-            sparse_with_vectors=sparse_with_vectors,
+            sparse_dense_scores=sparse_dense_scores,
         )
 
     def count(self, name: str, filter: StoreFilter) -> int:
