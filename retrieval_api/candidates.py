@@ -343,12 +343,14 @@ class CandidateSearch:
         limit: int,
         lexicon: LexiconStats,
         with_rerank: bool,
+        fields: Sequence[str] | None = None,
     ) -> RawPool:
-        """Search and measure every candidate (see the module docstring)."""
+        """Search and measure every candidate (see the module docstring); `fields`: the payload
+        keys the caller reads of the candidates (None: the whole payload)."""
         scorer = Bm25Scorer(self.encoder, lexicon)
         query = scorer.query(text)
-        dense, sparse = self._search(collection, text, vector, store_filter, limit)
-        extra = self._identifier_hits(collection, query, store_filter, limit)
+        dense, sparse = self._search(collection, text, vector, store_filter, limit, fields=fields)
+        extra = self._identifier_hits(collection, query, store_filter, limit, fields=fields)
         hits, cosines = self._pool(dense, sparse, extra)
         # the sparse branch's hits came with their cosine (computed by the engine, as the
         # dense branch's scores are): no read of their vectors
@@ -390,12 +392,14 @@ class CandidateSearch:
         vector: NDArray[np.float32],
         store_filter: StoreFilter,
         limit: int,
+        *,
+        fields: Sequence[str] | None,
     ) -> tuple[Sequence[ScoredHit], Sequence[ScoredHit]]:
         c = self.config
         store = self._store
 
         def dense_branch(k: int) -> Sequence[ScoredHit]:
-            return store.search_dense(collection, vector, store_filter, limit=k)
+            return store.search_dense(collection, vector, store_filter, limit=k, fields=fields)
 
         # one hit past the cut tells whether a tie straddles it (`settled`)
         if not c.hybrid:
@@ -409,10 +413,11 @@ class CandidateSearch:
             limit=limit + 1,
             prefetch_limit=limit + 1,
             sparse_dense_scores=True,
+            fields=fields,
         )
 
         def sparse_branch(k: int) -> Sequence[ScoredHit]:
-            return store.search_sparse(collection, encoded, store_filter, limit=k)
+            return store.search_sparse(collection, encoded, store_filter, limit=k, fields=fields)
 
         # a zero-weight channel supplies no candidates (its score is still computed)
         dense = settled(result.dense, limit, dense_branch) if c.dense_weight > 0 else ()
@@ -420,7 +425,13 @@ class CandidateSearch:
         return dense, sparse
 
     def _identifier_hits(
-        self, collection: str, query: LexicalQuery, store_filter: StoreFilter, limit: int
+        self,
+        collection: str,
+        query: LexicalQuery,
+        store_filter: StoreFilter,
+        limit: int,
+        *,
+        fields: Sequence[str] | None,
     ) -> list[ScoredHit]:
         if not self.config.identifier_search:
             return []
@@ -429,7 +440,9 @@ class CandidateSearch:
             vector = self.encoder.encode_tokens([token])
 
             def branch(k: int, vector: SparseVector = vector) -> Sequence[ScoredHit]:
-                return self._store.search_sparse(collection, vector, store_filter, limit=k)
+                return self._store.search_sparse(
+                    collection, vector, store_filter, limit=k, fields=fields
+                )
 
             out.extend(settled(branch(limit + 1), limit, branch))
         return out

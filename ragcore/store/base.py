@@ -449,14 +449,23 @@ class VectorStore(Protocol):
         *,
         limit: int,
         with_vectors: bool = False,
+        fields: Sequence[str] | None = None,
     ) -> list[ScoredHit]:
-        """Nearest points by cosine similarity, best first."""
+        """Nearest points by cosine similarity, best first; `fields` selects the payload keys
+        of the hits as in `scroll` (None: the whole payload)."""
         ...
 
     def search_sparse(
-        self, name: str, sparse: SparseVector, filter: StoreFilter, *, limit: int
+        self,
+        name: str,
+        sparse: SparseVector,
+        filter: StoreFilter,
+        *,
+        limit: int,
+        fields: Sequence[str] | None = None,
     ) -> list[ScoredHit]:
-        """Best points by sparse dot product (with the engine's IDF), best first."""
+        """Best points by sparse dot product (with the engine's IDF), best first; `fields` as
+        in `search_dense`."""
         ...
 
     def search_hybrid(
@@ -469,8 +478,10 @@ class VectorStore(Protocol):
         limit: int,
         prefetch_limit: int,
         sparse_dense_scores: bool = False,
+        fields: Sequence[str] | None = None,
     ) -> HybridResult:
         """Both branches in one round trip; fuse with `HybridResult.fused` or `fusion.fuse`.
+        `fields` selects the payload keys of every hit as in `scroll` (None: all of them).
         `sparse_dense_scores`: each hit of the sparse branch carries its cosine with `dense`
         (`ScoredHit.dense_score`), computed by the engine as the dense branch's scores are, so
         a caller can score the hits the dense branch did not find without reading their

@@ -404,13 +404,17 @@ class EdgeStore(QdrantEngine):
         limit: int,
         with_vectors: bool,
         *,
-        with_payload: bool = True,
+        with_payload: bool | list[str] = True,
     ) -> qe.QueryRequest:
         return qe.QueryRequest(
             limit=limit,
             query=qe.Query.Nearest(query, using=using),
             filter=condition,
-            with_payload=with_payload,
+            with_payload=(
+                with_payload
+                if isinstance(with_payload, bool)
+                else qe.PayloadSelector.Include(with_payload)
+            ),
             with_vector=[DENSE_VECTOR] if with_vectors else False,
             params=self._search_params,
         )

@@ -441,7 +441,7 @@ class QdrantRemoteStore(QdrantEngine):
         limit: int,
         with_vectors: bool,
         *,
-        with_payload: bool = True,
+        with_payload: bool | list[str] = True,
     ) -> models.QueryRequest:
         return models.QueryRequest(
             query=query,

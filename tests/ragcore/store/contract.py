@@ -382,6 +382,44 @@ class VectorStoreContract:
                     assert hit.dense_score == by_dense[hit.point_id]
         assert shared[0] == 0 and shared[1] > 0  # both paths were taken
 
+    def test_searches_return_only_the_selected_payload_fields(self, loaded: VectorStore) -> None:
+        fields = ("text", "priority", "not_a_field")
+        query_sparse = ENCODER.encode_query("billing")
+
+        def hybrid(selection: tuple[str, ...] | None) -> list[ScoredHit]:
+            result = loaded.search_hybrid(
+                COLLECTION,
+                axis(0),
+                query_sparse,
+                acme(),
+                limit=3,
+                prefetch_limit=6,
+                sparse_dense_scores=True,
+                fields=selection,
+            )
+            return [*result.dense, *result.sparse]
+
+        searches: list[Callable[[tuple[str, ...] | None], list[ScoredHit]]] = [
+            lambda sel: loaded.search_dense(COLLECTION, axis(0), acme(), limit=6, fields=sel),
+            lambda sel: loaded.search_sparse(COLLECTION, query_sparse, acme(), limit=6, fields=sel),
+            hybrid,
+        ]
+        by_id = {d.point_id: record(d).payload for d in ACME}
+        for search in searches:
+            whole, only = search(None), search(fields)
+            assert only
+            # the same hits and scores; the selected keys the point has, plus tenant_id
+            assert [(h.point_id, h.score, h.dense_score) for h in only] == [
+                (h.point_id, h.score, h.dense_score) for h in whole
+            ]
+            for hit, full in zip(only, whole, strict=True):
+                assert full.payload == by_id[hit.point_id]
+                assert hit.payload == {
+                    k: v for k, v in full.payload.items() if k in {*fields, "tenant_id"}
+                }
+        with pytest.raises(ValueError, match="sequence of payload keys"):
+            loaded.search_dense(COLLECTION, axis(0), acme(), limit=3, fields="text")
+
     def test_hybrid_refuses_prefetch_below_limit(self, loaded: VectorStore) -> None:
         with pytest.raises(ValueError, match="prefetch_limit"):
             loaded.search_hybrid(
