@@ -5,8 +5,8 @@
    contain it (a sparse search for that token alone), so a chunk holding the error code the
    question names is always a candidate.
 2. *Pool*: the union of those hits. Every candidate gets the cosine of query and chunk (the
-   dense branch's score, else computed from the stored vector: the sparse branch's hits carry
-   it, the identifier searches' hits are read for it) and exact BM25 with the index's own
+   dense branch's score; the sparse branch's hits carry the engine's cosine; the identifier
+   searches' hits are read for their stored vector) and exact BM25 with the index's own
    statistics (`ragcore.sparse.Bm25Scorer`), so no candidate lacks a channel.
 3. *Score* (`finish`): the evidence score of every candidate (`EvidenceCalibration.evidence`)
    and the score that orders them (a fusion of cosine and BM25 over the pool, or the evidence
@@ -349,18 +349,20 @@ class CandidateSearch:
         limit: int,
         lexicon: LexiconStats,
         with_rerank: bool,
+        fields: Sequence[str] | None = None,
     ) -> RawPool:
-        """Search and measure every candidate (see the module docstring)."""
+        """Search and measure every candidate (see the module docstring); `fields`: the payload
+        keys the caller reads of the candidates (None: the whole payload)."""
         scorer = Bm25Scorer(self.encoder, lexicon)
         query = scorer.query(text)
-        dense, sparse = self._search(collection, text, vector, store_filter, limit)
-        extra = self._identifier_hits(collection, query, store_filter, limit)
+        dense, sparse = self._search(collection, text, vector, store_filter, limit, fields=fields)
+        extra = self._identifier_hits(collection, query, store_filter, limit, fields=fields)
         hits, cosines = self._pool(dense, sparse, extra)
-        # the sparse branch's hits came with their dense vectors: the cosine of those the
-        # dense branch did not find is computed here, without a second read of the store
+        # the sparse branch's hits came with their cosine (computed by the engine, as the
+        # dense branch's scores are): no read of their vectors
         for h in sparse:
-            if h.dense is not None and h.point_id not in cosines:
-                cosines[h.point_id] = float(np.dot(h.dense, vector))
+            if h.dense_score is not None and h.point_id not in cosines:
+                cosines[h.point_id] = h.dense_score
         missing = [h.point_id for h in hits if h.point_id not in cosines]
         if missing:
             tenant = store_filter.tenant_id
@@ -396,12 +398,14 @@ class CandidateSearch:
         vector: NDArray[np.float32],
         store_filter: StoreFilter,
         limit: int,
+        *,
+        fields: Sequence[str] | None,
     ) -> tuple[Sequence[ScoredHit], Sequence[ScoredHit]]:
         c = self.config
         store = self._store
 
         def dense_branch(k: int) -> Sequence[ScoredHit]:
-            return store.search_dense(collection, vector, store_filter, limit=k)
+            return store.search_dense(collection, vector, store_filter, limit=k, fields=fields)
 
         # one hit past the cut tells whether a tie straddles it (`settled`)
         if not c.hybrid:
@@ -414,11 +418,12 @@ class CandidateSearch:
             store_filter,
             limit=limit + 1,
             prefetch_limit=limit + 1,
-            sparse_with_vectors=True,
+            sparse_dense_scores=True,
+            fields=fields,
         )
 
         def sparse_branch(k: int) -> Sequence[ScoredHit]:
-            return store.search_sparse(collection, encoded, store_filter, limit=k)
+            return store.search_sparse(collection, encoded, store_filter, limit=k, fields=fields)
 
         # a zero-weight channel supplies no candidates (its score is still computed)
         dense = settled(result.dense, limit, dense_branch) if c.dense_weight > 0 else ()
@@ -426,7 +431,13 @@ class CandidateSearch:
         return dense, sparse
 
     def _identifier_hits(
-        self, collection: str, query: LexicalQuery, store_filter: StoreFilter, limit: int
+        self,
+        collection: str,
+        query: LexicalQuery,
+        store_filter: StoreFilter,
+        limit: int,
+        *,
+        fields: Sequence[str] | None,
     ) -> list[ScoredHit]:
         if not self.config.identifier_search:
             return []
@@ -435,7 +446,9 @@ class CandidateSearch:
             vector = self.encoder.encode_tokens([token])
 
             def branch(k: int, vector: SparseVector = vector) -> Sequence[ScoredHit]:
-                return self._store.search_sparse(collection, vector, store_filter, limit=k)
+                return self._store.search_sparse(
+                    collection, vector, store_filter, limit=k, fields=fields
+                )
 
             out.extend(settled(branch(limit + 1), limit, branch))
         return out

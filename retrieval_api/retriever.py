@@ -22,7 +22,16 @@ from ragcore.errors import IndexNotFoundError, ManifestMismatchError, RagstreamE
 from ragcore.publish import Publisher
 from ragcore.sor.base import SystemOfRecord
 from ragcore.sparse import Bm25Encoder
-from ragcore.store.base import VectorStore
+from ragcore.store.base import (
+    CHUNK_ID,
+    ENTITY_ID,
+    ENTITY_TYPE,
+    EVENT_DATE,
+    SOURCE_HASH,
+    TENANT_ID,
+    StoreFilter,
+    VectorStore,
+)
 from ragcore.store.ids import point_id
 from ragcore.store.registry import IndexRegistry, ResolvedIndex
 from ragcore.tokenizers import load_token_counter
@@ -216,6 +225,7 @@ class Retriever:
                 limit=request.candidate_k,
                 lexicon=calibration.lexicon,
                 with_rerank=self._reranker is not None,
+                fields=payload_fields(request.store_filter, self._attribute_fields),
             )
         self._metrics.candidates.observe(len(raw))
         with stage("rank"):
@@ -357,6 +367,41 @@ class Retriever:
         self._publisher.publish(self._audit_topic, pack.request_id, record)
         for row in result_records(pack, requested_at=at):
             self._publisher.publish(self._audit_topic, pack.request_id, row)
+
+
+#: The payload keys the pipeline reads of a candidate: ranking (entity, text), verification
+#: (source hash), the pack (`evidence._result`: type, title, text, locator, reference, event
+#: date). Only these cross from the store (its host, with several server processes) per
+#: candidate; `payload_fields` adds the request's filter fields and the attribute fields.
+PAYLOAD_FIELDS: tuple[str, ...] = (
+    TENANT_ID,
+    CHUNK_ID,
+    ENTITY_ID,
+    ENTITY_TYPE,
+    SOURCE_HASH,
+    EVENT_DATE,
+    "title",
+    "text",
+    "locator",
+    "chunk_index",
+    "source_reference",
+)
+
+
+def payload_fields(store_filter: StoreFilter, attribute_fields: Sequence[str]) -> list[str]:
+    """The payload keys a request reads of its candidates: `PAYLOAD_FIELDS`, the attribute
+    fields the pack carries and every field the request filters on (`ranking.matches_filter`
+    checks each candidate's payload against the filter again)."""
+    return list(
+        dict.fromkeys(
+            (
+                *PAYLOAD_FIELDS,
+                *attribute_fields,
+                *store_filter.keywords,
+                *store_filter.ranges,
+            )
+        )
+    )
 
 
 #: A stale hit is re-requested at most once per this many seconds per entity and reason: a

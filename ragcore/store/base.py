@@ -255,12 +255,14 @@ class StoreFilter:
 
 @dataclass(frozen=True, slots=True)
 class ScoredHit:
-    """A search hit: point id, the branch's score, payload, and the dense vector if asked."""
+    """A search hit: point id, the branch's score, payload, the dense vector if asked, and
+    (a sparse hybrid hit, when asked) the engine's cosine of the dense query and the point."""
 
     point_id: str
     score: float
     payload: Mapping[str, Any]
     dense: NDArray[np.float32] | None = None
+    dense_score: float | None = None
 
     @property
     def chunk_id(self) -> str:
@@ -447,14 +449,23 @@ class VectorStore(Protocol):
         *,
         limit: int,
         with_vectors: bool = False,
+        fields: Sequence[str] | None = None,
     ) -> list[ScoredHit]:
-        """Nearest points by cosine similarity, best first."""
+        """Nearest points by cosine similarity, best first; `fields` selects the payload keys
+        of the hits as in `scroll` (None: the whole payload)."""
         ...
 
     def search_sparse(
-        self, name: str, sparse: SparseVector, filter: StoreFilter, *, limit: int
+        self,
+        name: str,
+        sparse: SparseVector,
+        filter: StoreFilter,
+        *,
+        limit: int,
+        fields: Sequence[str] | None = None,
     ) -> list[ScoredHit]:
-        """Best points by sparse dot product (with the engine's IDF), best first."""
+        """Best points by sparse dot product (with the engine's IDF), best first; `fields` as
+        in `search_dense`."""
         ...
 
     def search_hybrid(
@@ -466,12 +477,15 @@ class VectorStore(Protocol):
         *,
         limit: int,
         prefetch_limit: int,
-        sparse_with_vectors: bool = False,
+        sparse_dense_scores: bool = False,
+        fields: Sequence[str] | None = None,
     ) -> HybridResult:
         """Both branches in one round trip; fuse with `HybridResult.fused` or `fusion.fuse`.
-        `sparse_with_vectors`: each hit of the sparse branch carries its dense vector
-        (`ScoredHit.dense`), so a caller can score the hits the dense branch did not find
-        without a second read."""
+        `fields` selects the payload keys of every hit as in `scroll` (None: all of them).
+        `sparse_dense_scores`: each hit of the sparse branch carries its cosine with `dense`
+        (`ScoredHit.dense_score`), computed by the engine as the dense branch's scores are, so
+        a caller can score the hits the dense branch did not find without reading their
+        vectors (a hit deleted meanwhile may lack it)."""
         ...
 
     def retrieve(

@@ -397,16 +397,30 @@ class EdgeStore(QdrantEngine):
         return _to_sparse(sparse)
 
     def _request(
-        self, query: Any, using: str, condition: qe.Filter, limit: int, with_vectors: bool
+        self,
+        query: Any,
+        using: str,
+        condition: qe.Filter,
+        limit: int,
+        with_vectors: bool,
+        *,
+        with_payload: bool | list[str] = True,
     ) -> qe.QueryRequest:
         return qe.QueryRequest(
             limit=limit,
             query=qe.Query.Nearest(query, using=using),
             filter=condition,
-            with_payload=True,
+            with_payload=(
+                with_payload
+                if isinstance(with_payload, bool)
+                else qe.PayloadSelector.Include(with_payload)
+            ),
             with_vector=[DENSE_VECTOR] if with_vectors else False,
             params=self._search_params,
         )
+
+    def _among(self, condition: qe.Filter, ids: Sequence[Any]) -> qe.Filter:
+        return qe.Filter(must=[condition, qe.HasIdCondition(set(ids))])
 
     def _run(self, name: str, requests: Sequence[qe.QueryRequest]) -> list[Sequence[Any]]:
         handle = self._open(name)

@@ -65,9 +65,22 @@ class QdrantEngine(ABC):
 
     @abstractmethod
     def _request(
-        self, query: Any, using: str, condition: Any, limit: int, with_vectors: bool
+        self,
+        query: Any,
+        using: str,
+        condition: Any,
+        limit: int,
+        with_vectors: bool,
+        *,
+        with_payload: bool | list[str] = True,
     ) -> Any:
-        """One nearest-neighbour request on the named vector `using`."""
+        """One nearest-neighbour request on the named vector `using`; `with_payload` a list:
+        only those payload keys."""
+
+    @abstractmethod
+    def _among(self, condition: Any, ids: Sequence[Any]) -> Any:
+        """The engine filter `condition` narrowed to the points `ids` (ids as the engine
+        returns them in its hits)."""
 
     @abstractmethod
     def _run(self, name: str, requests: Sequence[Any]) -> list[Sequence[Any]]:
@@ -155,11 +168,25 @@ class QdrantEngine(ABC):
         self._delete(name, self._filter(scope), True)
 
     def _query(
-        self, query: Any, using: str, store_filter: StoreFilter, limit: int, with_vectors: bool
+        self,
+        query: Any,
+        using: str,
+        store_filter: StoreFilter,
+        limit: int,
+        with_vectors: bool,
+        *,
+        fields: Sequence[str] | None,
     ) -> Any:
         if limit <= 0:
             raise ValueError(f"limit must be > 0, got {limit}")
-        return self._request(query, using, self._filter(store_filter), limit, with_vectors)
+        return self._request(
+            query,
+            using,
+            self._filter(store_filter),
+            limit,
+            with_vectors,
+            with_payload=_keys(fields),
+        )
 
     @staticmethod
     def _hits(points: Sequence[Any], tenant_id: str) -> list[ScoredHit]:
@@ -188,18 +215,30 @@ class QdrantEngine(ABC):
         *,
         limit: int,
         with_vectors: bool = False,
+        fields: Sequence[str] | None = None,
     ) -> list[ScoredHit]:
-        """Nearest points by cosine similarity, best first."""
-        request = self._query(dense_list(vector), DENSE_VECTOR, filter, limit, with_vectors)
+        """Nearest points by cosine similarity, best first (`fields`: the payload keys)."""
+        request = self._query(
+            dense_list(vector), DENSE_VECTOR, filter, limit, with_vectors, fields=fields
+        )
         return self._hits(self._run(name, [request])[0], filter.tenant_id)
 
     def search_sparse(
-        self, name: str, sparse: SparseVector, filter: StoreFilter, *, limit: int
+        self,
+        name: str,
+        sparse: SparseVector,
+        filter: StoreFilter,
+        *,
+        limit: int,
+        fields: Sequence[str] | None = None,
     ) -> list[ScoredHit]:
-        """Best points by sparse dot product with IDF, best first (empty query: no hits)."""
+        """Best points by sparse dot product with IDF, best first (empty query: no hits;
+        `fields`: the payload keys)."""
         if not len(sparse):
             return []
-        request = self._query(self._sparse_query(sparse), SPARSE_VECTOR, filter, limit, False)
+        request = self._query(
+            self._sparse_query(sparse), SPARSE_VECTOR, filter, limit, False, fields=fields
+        )
         return self._hits(self._run(name, [request])[0], filter.tenant_id)
 
     def search_hybrid(
@@ -211,22 +250,60 @@ class QdrantEngine(ABC):
         *,
         limit: int,
         prefetch_limit: int,
-        sparse_with_vectors: bool = False,
+        sparse_dense_scores: bool = False,
+        fields: Sequence[str] | None = None,
     ) -> HybridResult:
         """Dense and sparse branches in one round trip (an empty sparse query: dense only);
-        `sparse_with_vectors`: the sparse hits carry their dense vectors."""
+        `sparse_dense_scores`: the sparse hits carry their cosine with `dense` (see
+        `_dense_scores`); `fields`: the payload keys of the hits."""
         if prefetch_limit < limit:
             raise ValueError(f"prefetch_limit ({prefetch_limit}) must be >= limit ({limit})")
-        requests = [self._query(dense_list(dense), DENSE_VECTOR, filter, prefetch_limit, False)]
+        if prefetch_limit <= 0:
+            raise ValueError(f"limit must be > 0, got {prefetch_limit}")
+        vector = dense_list(dense)
+        condition = self._filter(filter)
+        keys = _keys(fields)
+        requests = [
+            self._request(vector, DENSE_VECTOR, condition, prefetch_limit, False, with_payload=keys)
+        ]
         if len(sparse):
             query = self._sparse_query(sparse)
             requests.append(
-                self._query(query, SPARSE_VECTOR, filter, prefetch_limit, sparse_with_vectors)
+                self._request(
+                    query, SPARSE_VECTOR, condition, prefetch_limit, False, with_payload=keys
+                )
             )
         results = self._run(name, requests)
         dense_hits = self._hits(results[0], filter.tenant_id)
         sparse_hits = self._hits(results[1], filter.tenant_id) if len(results) > 1 else []
+        if sparse_dense_scores and sparse_hits:
+            # the sparse hits' cosine: the dense branch's score of the points it found too,
+            # one dense query restricted to the others (see `_dense_scores`)
+            scores = {h.point_id: h.score for h in dense_hits}
+            others = [
+                p.id  # the engine's own id: it parses it faster than the string
+                for p, h in zip(results[1], sparse_hits, strict=True)
+                if h.point_id not in scores
+            ]
+            if others:
+                scores.update(self._dense_scores(name, vector, condition, others))
+            sparse_hits = [
+                ScoredHit(h.point_id, h.score, h.payload, h.dense, scores.get(h.point_id))
+                for h in sparse_hits
+            ]
         return HybridResult(tuple(dense_hits), tuple(sparse_hits), limit)
+
+    def _dense_scores(
+        self, name: str, vector: list[float], condition: Any, ids: Sequence[Any]
+    ) -> dict[str, float]:
+        """The cosine of `vector` with each of the points `ids` that `condition` lets through,
+        by one dense query restricted to them, without payload or vectors: only ids and scores
+        cross into Python (reading each point's 384 floats into an array cost more than the
+        query). A point deleted meanwhile is absent."""
+        request = self._request(
+            vector, DENSE_VECTOR, self._among(condition, ids), len(ids), False, with_payload=False
+        )
+        return {str(p.id): float(p.score) for p in self._run(name, [request])[0]}
 
     def retrieve(
         self,
@@ -312,6 +389,13 @@ def engine_payload(point: PointRecord, partition: str | None) -> dict[str, Any]:
     else:
         payload.pop(PARTITION, None)
     return payload
+
+
+def _keys(fields: Sequence[str] | None) -> bool | list[str]:
+    """A search's payload selection for the engine: True (all) or the keys (`payload_selection`:
+    the tenant key always among them, so every hit's tenant is checked)."""
+    keys = payload_selection(fields)
+    return True if keys is None else keys
 
 
 def _visible(payload: Mapping[str, Any] | None) -> Mapping[str, Any]:

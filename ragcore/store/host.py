@@ -394,18 +394,33 @@ class HostedStore:
         *,
         limit: int,
         with_vectors: bool = False,
+        fields: Sequence[str] | None = None,
     ) -> list[ScoredHit]:
         """See `VectorStore.search_dense` (runs in the host)."""
         hits: list[ScoredHit] = self._call(
-            "search_dense", name, vector, filter, limit=limit, with_vectors=with_vectors
+            "search_dense",
+            name,
+            vector,
+            filter,
+            limit=limit,
+            with_vectors=with_vectors,
+            fields=fields,
         )
         return hits
 
     def search_sparse(
-        self, name: str, sparse: SparseVector, filter: StoreFilter, *, limit: int
+        self,
+        name: str,
+        sparse: SparseVector,
+        filter: StoreFilter,
+        *,
+        limit: int,
+        fields: Sequence[str] | None = None,
     ) -> list[ScoredHit]:
         """See `VectorStore.search_sparse` (runs in the host)."""
-        hits: list[ScoredHit] = self._call("search_sparse", name, sparse, filter, limit=limit)
+        hits: list[ScoredHit] = self._call(
+            "search_sparse", name, sparse, filter, limit=limit, fields=fields
+        )
         return hits
 
     def search_hybrid(
@@ -417,7 +432,8 @@ class HostedStore:
         *,
         limit: int,
         prefetch_limit: int,
-        sparse_with_vectors: bool = False,
+        sparse_dense_scores: bool = False,
+        fields: Sequence[str] | None = None,
     ) -> HybridResult:
         """See `VectorStore.search_hybrid` (runs in the host)."""
         result: HybridResult = self._call(
@@ -428,7 +444,8 @@ class HostedStore:
             filter,
             limit=limit,
             prefetch_limit=prefetch_limit,
-            sparse_with_vectors=sparse_with_vectors,
+            sparse_dense_scores=sparse_dense_scores,
+            fields=fields,
         )
         return result
 

@@ -446,16 +446,26 @@ class QdrantRemoteStore(QdrantEngine):
         return _to_sparse(sparse)
 
     def _request(
-        self, query: Any, using: str, condition: models.Filter, limit: int, with_vectors: bool
+        self,
+        query: Any,
+        using: str,
+        condition: models.Filter,
+        limit: int,
+        with_vectors: bool,
+        *,
+        with_payload: bool | list[str] = True,
     ) -> models.QueryRequest:
         return models.QueryRequest(
             query=query,
             using=using,
             filter=condition,
             limit=limit,
-            with_payload=True,
+            with_payload=with_payload,
             with_vector=[DENSE_VECTOR] if with_vectors else False,
         )
+
+    def _among(self, condition: models.Filter, ids: Sequence[Any]) -> models.Filter:
+        return models.Filter(must=[condition, models.HasIdCondition(has_id=list(ids))])
 
     def _run(self, name: str, requests: Sequence[models.QueryRequest]) -> list[Sequence[Any]]:
         # A search of one branch is a batch of one: one request type, one code path.

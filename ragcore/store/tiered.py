@@ -454,19 +454,26 @@ class TieredStore:
         *,
         limit: int,
         with_vectors: bool = False,
+        fields: Sequence[str] | None = None,
     ) -> list[ScoredHit]:
         """Nearest points by cosine similarity, best first."""
         collection, scoped = self._scoped(name, filter)
         return self._engine.search_dense(
-            collection, vector, scoped, limit=limit, with_vectors=with_vectors
+            collection, vector, scoped, limit=limit, with_vectors=with_vectors, fields=fields
         )
 
     def search_sparse(
-        self, name: str, sparse: SparseVector, filter: StoreFilter, *, limit: int
+        self,
+        name: str,
+        sparse: SparseVector,
+        filter: StoreFilter,
+        *,
+        limit: int,
+        fields: Sequence[str] | None = None,
     ) -> list[ScoredHit]:
         """Best points by sparse dot product, best first."""
         collection, scoped = self._scoped(name, filter)
-        return self._engine.search_sparse(collection, sparse, scoped, limit=limit)
+        return self._engine.search_sparse(collection, sparse, scoped, limit=limit, fields=fields)
 
     def search_hybrid(
         self,
@@ -477,7 +484,8 @@ class TieredStore:
         *,
         limit: int,
         prefetch_limit: int,
-        sparse_with_vectors: bool = False,
+        sparse_dense_scores: bool = False,
+        fields: Sequence[str] | None = None,
     ) -> HybridResult:
         """Both branches in one round trip."""
         collection, scoped = self._scoped(name, filter)
@@ -488,7 +496,8 @@ class TieredStore:
             scoped,
             limit=limit,
             prefetch_limit=prefetch_limit,
-            sparse_with_vectors=sparse_with_vectors,
+            sparse_dense_scores=sparse_dense_scores,
+            fields=fields,
         )
 
     def count(self, name: str, filter: StoreFilter) -> int:

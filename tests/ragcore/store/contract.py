@@ -27,6 +27,7 @@ from ragcore.errors import (
 )
 from ragcore.sparse import Bm25Encoder, idf, token_index
 from ragcore.store.base import (
+    HybridResult,
     PayloadSchema,
     PointRecord,
     Range,
@@ -337,38 +338,87 @@ class VectorStoreContract:
         assert (fused[0].dense_rank, fused[0].sparse_rank) == (3, 1)
         assert (fused[2].dense_rank, fused[2].sparse_rank) == (1, None)
 
-    def test_hybrid_sparse_hits_carry_their_dense_vectors_when_asked(
-        self, loaded: VectorStore
-    ) -> None:
+    def test_hybrid_sparse_hits_carry_their_cosine_when_asked(self, loaded: VectorStore) -> None:
         query_sparse = ENCODER.encode_query("billing")
-        plain = loaded.search_hybrid(
-            COLLECTION, axis(0), query_sparse, acme(), limit=3, prefetch_limit=6
-        )
-        asked = loaded.search_hybrid(
-            COLLECTION,
-            axis(0),
-            query_sparse,
-            acme(),
-            limit=3,
-            prefetch_limit=6,
-            sparse_with_vectors=True,
-        )
-        assert [(h.point_id, h.score) for h in asked.sparse] == [
-            (h.point_id, h.score) for h in plain.sparse
-        ]
-        assert [h.point_id for h in asked.dense] == [h.point_id for h in plain.dense]
-        assert all(h.dense is None for h in (*plain.sparse, *plain.dense, *asked.dense))
-        assert asked.sparse
-        stored = {
-            p.point_id: p.dense
-            for p in loaded.retrieve(
-                COLLECTION, [h.point_id for h in asked.sparse], "acme", True, sparse=False
+        query = (np.asarray(axis(0)) + 0.5 * np.asarray(axis(1))).astype(np.float32)
+        shared = []
+        for prefetch in (1, 6):  # the dense branch misses the sparse hits, then finds some
+
+            def search(scores: bool, prefetch: int = prefetch) -> HybridResult:
+                return loaded.search_hybrid(
+                    COLLECTION,
+                    query,
+                    query_sparse,
+                    acme(),
+                    limit=1,
+                    prefetch_limit=prefetch,
+                    sparse_dense_scores=scores,
+                )
+
+            plain, asked = search(False), search(True)
+            # everything else as without the option
+            assert asked.dense == plain.dense
+            assert [(h.point_id, h.score, h.payload, h.dense) for h in asked.sparse] == [
+                (h.point_id, h.score, h.payload, h.dense) for h in plain.sparse
+            ]
+            assert asked.sparse
+            assert all(h.dense_score is None for h in (*plain.dense, *plain.sparse, *asked.dense))
+            stored = {
+                p.point_id: p.dense
+                for p in loaded.retrieve(
+                    COLLECTION, [h.point_id for h in asked.sparse], "acme", True, sparse=False
+                )
+            }
+            by_dense = {h.point_id: h.score for h in asked.dense}
+            shared.append(sum(h.point_id in by_dense for h in asked.sparse))
+            for hit in asked.sparse:
+                vector = stored[hit.point_id]
+                assert vector is not None and hit.dense_score is not None
+                cosine = float(
+                    np.dot(vector, query) / np.linalg.norm(vector) / np.linalg.norm(query)
+                )
+                assert hit.dense_score == pytest.approx(cosine, abs=1e-6)
+                if hit.point_id in by_dense:  # the dense branch's own score
+                    assert hit.dense_score == by_dense[hit.point_id]
+        assert shared[0] == 0 and shared[1] > 0  # both paths were taken
+
+    def test_searches_return_only_the_selected_payload_fields(self, loaded: VectorStore) -> None:
+        fields = ("text", "priority", "not_a_field")
+        query_sparse = ENCODER.encode_query("billing")
+
+        def hybrid(selection: tuple[str, ...] | None) -> list[ScoredHit]:
+            result = loaded.search_hybrid(
+                COLLECTION,
+                axis(0),
+                query_sparse,
+                acme(),
+                limit=3,
+                prefetch_limit=6,
+                sparse_dense_scores=True,
+                fields=selection,
             )
-        }
-        for hit in asked.sparse:
-            reference = stored[hit.point_id]
-            assert hit.dense is not None and reference is not None
-            assert np.array_equal(hit.dense, reference)
+            return [*result.dense, *result.sparse]
+
+        searches: list[Callable[[tuple[str, ...] | None], list[ScoredHit]]] = [
+            lambda sel: loaded.search_dense(COLLECTION, axis(0), acme(), limit=6, fields=sel),
+            lambda sel: loaded.search_sparse(COLLECTION, query_sparse, acme(), limit=6, fields=sel),
+            hybrid,
+        ]
+        by_id = {d.point_id: record(d).payload for d in ACME}
+        for search in searches:
+            whole, only = search(None), search(fields)
+            assert only
+            # the same hits and scores; the selected keys the point has, plus tenant_id
+            assert [(h.point_id, h.score, h.dense_score) for h in only] == [
+                (h.point_id, h.score, h.dense_score) for h in whole
+            ]
+            for hit, full in zip(only, whole, strict=True):
+                assert full.payload == by_id[hit.point_id]
+                assert hit.payload == {
+                    k: v for k, v in full.payload.items() if k in {*fields, "tenant_id"}
+                }
+        with pytest.raises(ValueError, match="sequence of payload keys"):
+            loaded.search_dense(COLLECTION, axis(0), acme(), limit=3, fields="text")
 
     def test_hybrid_refuses_prefetch_below_limit(self, loaded: VectorStore) -> None:
         with pytest.raises(ValueError, match="prefetch_limit"):
