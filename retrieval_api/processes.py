@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import IO
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
@@ -188,6 +189,11 @@ class RetrieveProcesses:
     # --- running ----------------------------------------------------------------------------
 
     @property
+    def ready_processes(self) -> int:
+        """Server processes that reported ready (each serves from then on)."""
+        return sum(1 for c in self._children if c.ready)
+
+    @property
     def started(self) -> bool:
         """`start` has made the group's private directory (its children may still start)."""
         return self._dir is not None
@@ -207,9 +213,9 @@ class RetrieveProcesses:
     def metrics_registry(self) -> CollectorRegistry:
         """A registry summing every server process's metrics (for the parent's /metrics).
 
-        It may be made and served before `start`: it then exports nothing, so /metrics
-        answers before the processes are ready to serve (a probe or a scrape never meets a
-        closed port while gRPC already serves)."""
+        It may be made and served before `start`: it then exports only that no process is
+        ready, so /metrics answers before the processes serve (a probe or a scrape never meets
+        a closed port while gRPC already serves)."""
         registry = CollectorRegistry()
         registry.register(_ChildrenCollector(self))
         return registry
@@ -343,14 +349,22 @@ def free_port(host: str) -> int:
 
 
 class _ChildrenCollector:
-    """The server processes' metric files summed at each collection (none before `start`)."""
+    """The server processes' metric files summed at each collection (none before `start`),
+    and how many of them are ready."""
 
     def __init__(self, group: RetrieveProcesses) -> None:
         self._group = group
 
     def collect(self) -> Iterator[Metric]:
-        """Every metric the server processes wrote, summed over them."""
+        """`ragstream_retrieve_server_processes_ready`, then every metric the server processes
+        wrote, summed over them."""
+        yield GaugeMetricFamily(
+            "ragstream_retrieve_server_processes_ready",
+            "Server processes of this Retrieve that answer calls (gRPC health answers SERVING "
+            "as soon as the first one does).",
+            value=self._group.ready_processes,
+        )
         if not self._group.started:
-            return iter(())
+            return
         files = glob.glob(os.path.join(self._group.metrics_dir, "*.db"))
-        return iter(MultiProcessCollector.merge(files, accumulate=True))  # type: ignore[no-untyped-call]
+        yield from MultiProcessCollector.merge(files, accumulate=True)  # type: ignore[no-untyped-call]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -89,7 +90,9 @@ def test_server_processes_answer_as_one_server_does_and_keep_tenants_apart(
         stack.write("ent-g", "globex", PUMP)
         # the parent's /metrics registry exists before the processes do (it is served first)
         early = group.metrics_registry()
-        assert list(early.collect()) == []
+        assert [(f.name, f.samples[0].value) for f in early.collect()] == [
+            ("ragstream_retrieve_server_processes_ready", 0)
+        ]
         group.start()
         assert len(set(group.pids)) == 2 and os.getpid() not in group.pids
         target = f"127.0.0.1:{group.port}"
@@ -194,7 +197,21 @@ def _serve(tmp_path: Path, **extra: str) -> tuple[subprocess.Popen[bytes], int, 
             assert parent.poll() is None, "the server exited"
             assert time.monotonic() < deadline, "not serving in 90 s"
             time.sleep(0.3)
+    # health answers SERVING once the first process serves; the other may still be reading
+    # its settings (a file the test rewrites next would be read only by that one)
+    while _ready_processes(metrics) < 2:
+        assert parent.poll() is None, "the server exited"
+        assert time.monotonic() < deadline, "not every process ready in 90 s"
+        time.sleep(0.2)
     return parent, port, metrics
+
+
+def _ready_processes(metrics_port: int) -> float:
+    """`ragstream_retrieve_server_processes_ready` of the parent's /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read()
+    found = re.search(rb"^ragstream_retrieve_server_processes_ready (\S+)$", text, re.M)
+    assert found is not None, "the parent exports no ready-process count"
+    return float(found.group(1))
 
 
 def test_the_entry_point_serves_in_processes_and_stops_them_all_on_sigterm(
