@@ -137,24 +137,31 @@ def capture(
             conn.execute("DELETE FROM kinds WHERE id = 1")
             conn.execute("TRUNCATE kinds")
         topics = [topic]
-        if "heartbeat.interval.ms" in VARIANTS[variant]:
-            topics.append(f"__debezium-heartbeat.{prefix}")
         if VARIANTS[variant].get("provide.transaction.metadata") == "true":
             topics.append(f"{prefix}.transaction")
-        wait_for_topics(kafka_broker.bootstrap_servers, topics)
-        records: list[RawRecord] = []
-        for name in topics:
-            for msg in read_all(kafka_broker.bootstrap_servers, name, timeout=15):
-                records.append(
-                    RawRecord(
-                        name,
-                        msg.partition(),
-                        msg.offset(),
-                        msg.key(),
-                        msg.value(),
-                        tuple((k, v) for k, v in (msg.headers() or [])),
-                    )
-                )
+        heartbeats = []
+        if "heartbeat.interval.ms" in VARIANTS[variant]:
+            heartbeats.append(f"__debezium-heartbeat.{prefix}")
+        wait_for_topics(kafka_broker.bootstrap_servers, topics + heartbeats)
+        # the change and transaction topics at once: one idle wait at the end, not one each
+        messages = read_all(kafka_broker.bootstrap_servers, topics, timeout=15)
+        for name in heartbeats:
+            # a heartbeat topic never goes quiet (one every 200 ms), so its read lasts until
+            # the timeout: a few seconds of heartbeats are as many kinds of record as fifteen
+            messages += read_all(kafka_broker.bootstrap_servers, name, timeout=3)
+        records = [
+            RawRecord(
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                msg.key(),
+                msg.value(),
+                tuple((k, v) for k, v in (msg.headers() or [])),
+            )
+            for name in topics + heartbeats  # the change topic's records first
+            for msg in messages
+            if msg.topic() == name
+        ]
         yield variant, schema, records
     finally:
         dbz.stop()

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -213,19 +214,24 @@ def test_status_reads_a_prometheus_that_scrapes_the_stack(
     )
     base = f"http://127.0.0.1:{port}"
     try:
+        # queries while Prometheus scrapes, until the 5 min rates the report divides have calls
+        # in them (two scrapes with a Retrieve between them), polled rather than waited out
+        rated = urllib.parse.quote(
+            'sum(rate(grpc_server_handled_total{job="ragstream",grpc_method="Retrieve"}[5m])) > 0'
+            ' and sum(rate(grpc_server_handling_seconds_bucket{job="ragstream",'
+            'grpc_method="Retrieve"}[5m])) > 0'
+        )
         deadline = time.monotonic() + 60
-        # queries while Prometheus scrapes: the 5 min rates have calls to divide
-        while time.monotonic() < deadline:
+        samples: list[object] = []
+        while not samples:
+            assert time.monotonic() < deadline, "Prometheus never had a Retrieve rate to report"
             running_dev.dev.query("acme", "refund after cancelling a yearly plan")
             try:
-                with urllib.request.urlopen(f"{base}/api/v1/query?query=up", timeout=5) as r:
+                with urllib.request.urlopen(f"{base}/api/v1/query?query={rated}", timeout=5) as r:
                     samples = json.loads(r.read())["data"]["result"]
             except OSError:
-                samples = []
-            if samples and samples[0]["value"][1] == "1" and time.monotonic() > deadline - 50:
-                break
-            time.sleep(1)
-        time.sleep(3)  # a few scrapes after the last query
+                samples = []  # not listening yet
+            time.sleep(0.5)
         result = running_dev.run(
             "status",
             "--prometheus",

@@ -264,8 +264,10 @@ def wait_committed(
     raise AssertionError(f"group {group} did not commit {last}: committed {got}")
 
 
-def read_all(bootstrap: str, topic: str, timeout: float = 10.0) -> list[Any]:
-    """Every record of a topic (for DLQ assertions)."""
+def read_all(bootstrap: str, topic: str | Sequence[str], timeout: float = 10.0) -> list[Any]:
+    """Every record of a topic, or of several read at once (one idle wait for all of them),
+    for DLQ assertions. Ends 2 s after the last record (the test broker's high watermark
+    cannot be trusted), or at `timeout`."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -278,7 +280,7 @@ def read_all(bootstrap: str, topic: str, timeout: float = 10.0) -> list[Any]:
     )
     out: list[Any] = []
     try:
-        consumer.subscribe([topic])
+        consumer.subscribe([topic] if isinstance(topic, str) else list(topic))
         deadline = time.monotonic() + timeout
         idle_since = time.monotonic()
         while time.monotonic() < deadline:
