@@ -66,6 +66,17 @@ def content_hash(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8")).digest()
 
 
+# Query keys are tagged: with empty prefixes (MiniLM's) a query and a passage of the same text
+# would share a key, and a passage's vector is not always the query's (int8 execution quantizes
+# a passage with its batch-mates; a query is embedded alone), so one must never serve the other.
+_QUERY_KEY_TAG = b"query\x00"
+
+
+def query_hash(text: str) -> bytes:
+    """The cache key of a query whose model input is `text` (never a document's key)."""
+    return hashlib.sha256(_QUERY_KEY_TAG + text.encode("utf-8")).digest()
+
+
 class EmbeddingCacheConfig(BaseModel):
     """Settings of the persistent embedding cache."""
 
@@ -407,7 +418,7 @@ class CachedEmbedder:
         if not self._cache_queries:
             return self._inner.embed_query(text)
         spec = self._inner.spec
-        key = content_hash(with_prefix(spec.query_prefix, [text])[0])
+        key = query_hash(with_prefix(spec.query_prefix, [text])[0])
         (hit,) = self._cache.get_many([key], spec.model_version, spec.dimension)
         if hit is not None:
             return hit
@@ -421,7 +432,7 @@ class CachedEmbedder:
         if not self._cache_queries:
             return embed_queries(self._inner, texts)
         spec = self._inner.spec
-        keys = [content_hash(t) for t in with_prefix(spec.query_prefix, texts)]
+        keys = [query_hash(t) for t in with_prefix(spec.query_prefix, texts)]
         hits = self._cache.get_many(keys, spec.model_version, spec.dimension)
         missing = [i for i, hit in enumerate(hits) if hit is None]
         fresh = embed_queries(self._inner, [texts[i] for i in missing])

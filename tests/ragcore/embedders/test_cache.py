@@ -36,7 +36,13 @@ def vector_of(text: str, dim: int = DIM) -> npt.NDArray[np.float32]:
 class FakeEmbedder:
     """Deterministic embedder that records every call."""
 
-    def __init__(self, version: str = "v1", document_prefix: str = "", dim: int = DIM) -> None:
+    def __init__(
+        self,
+        version: str = "v1",
+        document_prefix: str = "",
+        dim: int = DIM,
+        query_prefix: str = "q: ",
+    ) -> None:
         self.spec = EmbeddingSpec(
             name="fake",
             version=version,
@@ -44,7 +50,7 @@ class FakeEmbedder:
             max_input_tokens=100,
             tokenizer="tiktoken:cl100k_base",
             document_prefix=document_prefix,
-            query_prefix="q: ",
+            query_prefix=query_prefix,
         )
         self._dim = dim
         self.calls: list[list[str]] = []
@@ -218,6 +224,24 @@ def test_queries_bypass_the_cache_unless_configured(tmp_path: Path) -> None:
     np.testing.assert_array_equal(first, second)
     # A query and a document of the same text are different keys (different prefixes).
     caching.embed_documents(["hello"])
+    assert inner.calls == [["hello"]]
+    caching.close()
+
+
+@pytest.mark.unit
+def test_a_query_never_shares_a_key_with_a_document_of_the_same_model_input(
+    tmp_path: Path,
+) -> None:
+    # No prefixes (as MiniLM): the model input of both is "hello", yet a passage's vector is not
+    # always the query's (int8 quantizes a passage with its batch-mates).
+    inner = FakeEmbedder(query_prefix="")
+    caching = CachedEmbedder(inner, make(tmp_path / "c.db"), cache_queries=True)
+    caching.embed_documents(["hello"])
+    caching.embed_query("hello")
+    caching.embed_queries(["hello"])
+    assert inner.query_calls == ["hello"]  # the query missed the passage's entry, then hit its own
+    caching.embed_query("hello")
+    assert inner.query_calls == ["hello"]
     assert inner.calls == [["hello"]]
     caching.close()
 
