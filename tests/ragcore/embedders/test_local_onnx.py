@@ -440,15 +440,17 @@ def test_int8_execution_is_its_own_model_version(int8_embedder: LocalOnnxEmbedde
 def test_int8_execution_agrees_with_the_reference_and_orders_by_meaning(
     embedder: LocalOnnxEmbedder, int8_embedder: LocalOnnxEmbedder, reference: MiniLMReference
 ) -> None:
-    """Measured against the float64 reference: 0.988-0.996 over the real samples, 0.970-0.982
-    over one to three word pieces (the float execution: >= 0.999 and >= 0.996). What matters
-    for retrieval is that it ranks like the float one (golden set: docs/decisions)."""
+    """Measured against the float64 reference, each text in its own call: 0.978-0.995 over
+    the real samples (the lowest: the one mixing scripts and an emoji; batched with the others,
+    as before 1.1.0, 0.988-0.996), 0.970-0.982 over one to three word pieces (the float
+    execution: >= 0.999 and >= 0.996). What matters for retrieval is that it ranks like the
+    float one (golden set: docs/decisions)."""
     vectors = int8_embedder.embed_documents(SAMPLES)
     cosines = {
         text: float(reference.embed(text) @ v) for text, v in zip(SAMPLES, vectors, strict=True)
     }
     real = {t: c for t, c in cosines.items() if t not in TINY_SAMPLES}
-    assert min(real.values()) >= 0.985, real
+    assert min(real.values()) >= 0.975, real
     assert min(cosines[t] for t in TINY_SAMPLES) >= 0.96, cosines
     query = int8_embedder.embed_query("How can I get into my account when I forgot the password?")
     ranked = np.argsort(-(vectors @ query))
