@@ -233,7 +233,7 @@ def test_a_query_never_shares_a_key_with_a_document_of_the_same_model_input(
     tmp_path: Path,
 ) -> None:
     # No prefixes (as MiniLM): the model input of both is "hello", yet a passage's vector is not
-    # always the query's (int8 quantizes a passage with its batch-mates).
+    # always bitwise the query's (the float execution pads a batch of passages).
     inner = FakeEmbedder(query_prefix="")
     caching = CachedEmbedder(inner, make(tmp_path / "c.db"), cache_queries=True)
     caching.embed_documents(["hello"])
