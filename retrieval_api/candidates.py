@@ -47,6 +47,10 @@ from retrieval_api.ranking import Candidate, explains
 
 log = logging.getLogger(__name__)
 
+#: The payload keys this module reads of a candidate (exact BM25 and identifier matches count
+#: its text); see `ranking.PAYLOAD_KEYS`.
+PAYLOAD_KEYS: tuple[str, ...] = ("text",)
+
 #: A never-calibrated index's lexical statistics are recounted after this long.
 PRIOR_LEXICON_TTL_S = 300.0
 

@@ -98,6 +98,11 @@ def neighbour_ids(chunk_id: str) -> tuple[str | None, str | None]:
     return previous, f"{entity}{CHUNK_SEPARATOR}{n + 1}"
 
 
+#: The payload keys this module reads of a result and of its neighbours (which
+#: `Retriever.context_plan` reads with these and the chunk id); see `ranking.PAYLOAD_KEYS`.
+PAYLOAD_KEYS: tuple[str, ...] = ("locator", "text")
+
+
 class _HasPayload(Protocol):
     @property
     def chunk_id(self) -> str: ...

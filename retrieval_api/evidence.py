@@ -50,6 +50,21 @@ from retrieval_api.ranking import (
 from retrieval_api.validate import ValidatedRequest
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 
+#: The payload keys this module reads of a chunk: verification (source hash), the result and
+#: the excluded items of the pack (`_result`, `_locator`, `source_reference`, `_similar`); the
+#: attribute fields come on top (`retriever.payload_fields`); see `ranking.PAYLOAD_KEYS`.
+PAYLOAD_KEYS: tuple[str, ...] = (
+    ENTITY_TYPE,
+    ENTITY_ID,
+    SOURCE_HASH,
+    EVENT_DATE,
+    "title",
+    "text",
+    "locator",
+    "chunk_index",
+    "source_reference",
+)
+
 
 class Verdict(StrEnum):
     """Outcome of checking one chunk against the system of record."""

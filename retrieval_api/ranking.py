@@ -46,6 +46,7 @@ from typing import Any, Literal, TypeVar
 from ragcore.errors import StoreError
 from ragcore.fusion import FusedHit
 from ragcore.store.base import (
+    CHUNK_ID,
     ENTITY_ID,
     ENTITY_TYPE,
     TENANT_ID,
@@ -56,6 +57,12 @@ from ragcore.store.base import (
     numeric_bounds,
 )
 from ragcore.textsim import Signature, signature, similarity
+
+#: The payload keys this module reads of a candidate (the filter re-check, the entity, the
+#: text of near-duplicates); the request's own filter fields come on top
+#: (`retriever.payload_fields`). Retrieve asks the store for these keys only: a key read here
+#: and not declared would read as absent (tests/retrieval_api/test_payload_reads.py).
+PAYLOAD_KEYS: tuple[str, ...] = (TENANT_ID, CHUNK_ID, ENTITY_TYPE, ENTITY_ID, "text")
 
 
 class ScoreKind(StrEnum):
@@ -350,7 +357,7 @@ def matches_filter(payload: Mapping[str, Any], store_filter: StoreFilter) -> boo
     """
     if payload.get(TENANT_ID) != store_filter.tenant_id:
         raise StoreError(
-            f"tenant isolation violated: chunk {payload.get('chunk_id')!r} is not tenant "
+            f"tenant isolation violated: chunk {payload.get(CHUNK_ID)!r} is not tenant "
             f"{store_filter.tenant_id!r}"
         )
     if store_filter.entity_types and payload.get(ENTITY_TYPE) not in store_filter.entity_types:

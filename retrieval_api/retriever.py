@@ -24,11 +24,6 @@ from ragcore.sor.base import SystemOfRecord
 from ragcore.sparse import Bm25Encoder
 from ragcore.store.base import (
     CHUNK_ID,
-    ENTITY_ID,
-    ENTITY_TYPE,
-    EVENT_DATE,
-    SOURCE_HASH,
-    TENANT_ID,
     StoreFilter,
     VectorStore,
 )
@@ -37,8 +32,11 @@ from ragcore.store.registry import IndexRegistry, ResolvedIndex
 from ragcore.tokenizers import load_token_counter
 from ragcore.tracing import Tracing
 from retrieval_api.audit import fingerprint_query, request_record, result_records
+from retrieval_api.candidates import PAYLOAD_KEYS as CANDIDATE_KEYS
 from retrieval_api.candidates import CalibrationMismatchError, CandidateSearch, finish
+from retrieval_api.context import PAYLOAD_KEYS as CONTEXT_KEYS
 from retrieval_api.context import ContextPlan, context_of, neighbour_ids, plan_context
+from retrieval_api.evidence import PAYLOAD_KEYS as PACK_KEYS
 from retrieval_api.evidence import (
     CalibrationInfo,
     IndexInfo,
@@ -53,6 +51,7 @@ from retrieval_api.evidence_score import EvidenceCalibration
 from retrieval_api.metrics import RetrieveMetrics
 from retrieval_api.pipeline_settings import RetrievalConfig
 from retrieval_api.query_cache import QueryVectorCache
+from retrieval_api.ranking import PAYLOAD_KEYS as RANKING_KEYS
 from retrieval_api.ranking import Ranking, ScoreKind, Thresholds, rank
 from retrieval_api.validate import ValidatedRequest
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
@@ -308,9 +307,9 @@ class Retriever:
             index.collection,
             [point_id(request.tenant, c, index.version) for c in wanted],
             request.tenant,
-            fields=["chunk_id", "text", "locator"],
+            fields=[CHUNK_ID, *CONTEXT_KEYS],
         )
-        neighbours = {str(p.payload.get("chunk_id")): p.payload for p in points}
+        neighbours = {str(p.payload.get(CHUNK_ID)): p.payload for p in points}
         counter = load_token_counter(embedder.spec.tokenizer)
         return plan_context(
             [
@@ -369,22 +368,21 @@ class Retriever:
             self._publisher.publish(self._audit_topic, pack.request_id, row)
 
 
-#: The payload keys the pipeline reads of a candidate: ranking (entity, text), verification
-#: (source hash), the pack (`evidence._result`: type, title, text, locator, reference, event
-#: date). Only these cross from the store (its host, with several server processes) per
-#: candidate; `payload_fields` adds the request's filter fields and the attribute fields.
-PAYLOAD_FIELDS: tuple[str, ...] = (
-    TENANT_ID,
-    CHUNK_ID,
-    ENTITY_ID,
-    ENTITY_TYPE,
-    SOURCE_HASH,
-    EVENT_DATE,
-    "title",
-    "text",
-    "locator",
-    "chunk_index",
-    "source_reference",
+#: The payload keys the pipeline reads of a candidate: the union of what each stage's module
+#: declares beside the code that reads them (ranking: filter re-check, entity, text; the
+#: candidates: text; verification and the pack: `evidence.PAYLOAD_KEYS`; the context budget).
+#: Only these cross from the store (its host, with several server processes) per candidate;
+#: `payload_fields` adds the request's filter fields and the attribute fields. A stage reading
+#: a key its module does not declare fails tests/retrieval_api/test_payload_reads.py.
+PAYLOAD_FIELDS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        (
+            *RANKING_KEYS,
+            *CANDIDATE_KEYS,
+            *PACK_KEYS,
+            *CONTEXT_KEYS,
+        )
+    )
 )
 
 
