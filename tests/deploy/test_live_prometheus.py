@@ -241,7 +241,7 @@ def content_column_renamed(stack: LiveStack) -> Callable[[], None]:
     """A migration renames the mapped content column: the table's changes lack it (they are
     dead-lettered), Retrieve cannot read the table."""
     stack.sql("ALTER TABLE entities RENAME COLUMN content TO body")
-    run = uuid.uuid4().hex[:6]  # two scenarios inject this fault
+    run = uuid.uuid4().hex[:6]  # ids of their own on every injection of this fault
     for n in range(3):
         stack.sql(
             "INSERT INTO entities (id, company_id, name, body) VALUES (%s, %s, %s, %s)",
@@ -470,27 +470,47 @@ def test_a_burst_of_bad_client_requests_fires_nothing(live: Live) -> None:
     assert not recorded & set(SERVER_ERROR_CODES), recorded
 
 
+def faults() -> list[tuple[str, ...]]:
+    """The alerts of SCENARIOS grouped by fault (one `inject`), in SCENARIOS order: alerts
+    that the same fault fires are checked on one injection of it (the connector killed once,
+    not once per alert)."""
+    groups: dict[Inject, list[str]] = {}
+    for alert, scenario in SCENARIOS.items():
+        groups.setdefault(scenario.inject, []).append(alert)
+    return [tuple(alerts) for alerts in groups.values()]
+
+
+@pytest.mark.unit
+def test_scenarios_sharing_a_fault_are_grouped_and_none_is_lost() -> None:
+    grouped = faults()
+    assert sorted(a for alerts in grouped for a in alerts) == sorted(SCENARIOS)
+    assert ("RagstreamSourceSilent", "RagstreamReplicationSlotInactive") in grouped
+    assert ("RagstreamSchemaDrift", "RagstreamSorTableUnreadable") in grouped
+    for alerts in grouped:
+        assert len({SCENARIOS[a].inject for a in alerts}) == 1, alerts
+
+
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "alert",
-    list(SCENARIOS),
-)
-def test_fault_fires_the_alert_and_recovery_resolves_it(live: Live, alert: str) -> None:
-    scenario = SCENARIOS[alert]
+@pytest.mark.parametrize("alerts", faults(), ids="+".join)
+def test_fault_fires_its_alerts_and_recovery_resolves_them(
+    live: Live, alerts: tuple[str, ...]
+) -> None:
     prom = live.prometheus
     live.settle()  # an alert of the start-up is not one of this fault's
-    prom.wait_resolved(alert, timeout=60)  # a previous scenario's tail has passed
-    recover = scenario.inject(live.stack)
+    for alert in alerts:
+        prom.wait_resolved(alert, timeout=60)  # a previous scenario's tail has passed
+    recover = SCENARIOS[alerts[0]].inject(live.stack)
     try:
-        fired = prom.wait_firing(alert, scenario.labels, timeout=90)
+        fired = [prom.wait_firing(a, SCENARIOS[a].labels, timeout=90) for a in alerts]
     finally:
         recover()
-    resolved = prom.wait_resolved(alert, timeout=90)
+    resolved = [prom.wait_resolved(a, timeout=90) for a in alerts]
     for cleanup in live.stack.cleanups:
         cleanup()
     live.stack.cleanups.clear()
-    print(f"{alert} ({scenario.fault}): fired in {fired:.1f}s, resolved in {resolved:.1f}s")
+    for alert, up, down in zip(alerts, fired, resolved, strict=True):
+        print(f"{alert} ({SCENARIOS[alert].fault}): fired in {up:.1f}s, resolved in {down:.1f}s")
 
 
 @pytest.mark.integration

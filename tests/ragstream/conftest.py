@@ -1,5 +1,5 @@
 """A running `ragstream dev` stack on free ports, shared by the suites that run commands beside
-it (admin commands, `ragstream status`)."""
+it (admin commands, `ragstream status`) or watch it (the shipped alert rules in Prometheus)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,10 @@
 with the shipped rules: every rule evaluates, the worker's own lag and backlog age are scraped,
 and a scripted healthy workload plus a burst of bad client requests fire nothing.
 
-The fault scenarios run against the real-CDC stack (test_live_prometheus.py), where the
-dependencies can be broken one by one; here the point is the stack people start first.
+The fault scenarios run against the real-CDC stack (tests/deploy/test_live_prometheus.py),
+where the dependencies can be broken one by one; here the point is the stack people start
+first. It is this package's shared stack (`running_dev`: one start, not one more for this
+module); Prometheus starts beside it here, and its start-up alerts are waited out all the same.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from tests.deploy.prometheus_live import LivePrometheus, alert_names
 from tests.deploy.support import require_tool
 from tests.ragdev.test_dev_stack import DevProcess
+from tests.ragstream.conftest import RunningDev
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -34,21 +37,46 @@ QUESTIONS = (
 
 
 @pytest.fixture(scope="module")
-def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevProcess, LivePrometheus]]:
-    binary = require_tool("prometheus")
-    process = DevProcess(tmp_path_factory.mktemp("dev") / "data")
+def dev(
+    running_dev: RunningDev, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[DevProcess, LivePrometheus]]:
+    process = running_dev.dev
     prometheus = LivePrometheus(
-        binary,
+        require_tool("prometheus"),
         tmp_path_factory.mktemp("prometheus-dev"),
         {"ragstream-dev": [f"127.0.0.1:{process.metrics}"]},
     )
     try:
         prometheus.wait_ready()
-        process.wait_up()
+        # the stack was up before Prometheus: the queries below need its first scrape
+        deadline = time.monotonic() + 30
+        while not prometheus.query('up{job="ragstream-dev"} == 1'):
+            assert time.monotonic() < deadline, prometheus.query("up")
+            time.sleep(0.5)
         yield process, prometheus
+        _until_this_peer_is_accepted(process)
     finally:
         prometheus.stop()
-        assert process.stop() == 0, process.output()[-3000:]
+
+
+def _until_this_peer_is_accepted(process: DevProcess, timeout: float = 60.0) -> None:
+    """The stack is the package's shared one: the burst of bad clients may have it refuse
+    every call from this peer (the failed-authentication throttle, 30 s); the next test must
+    not get RESOURCE_EXHAUSTED where it expects its own call's answer."""
+    tokens = json.loads(Path(process.data_dir, "dev-tokens.json").read_text())
+    tenant, text = QUESTIONS[0]
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(f"127.0.0.1:{process.grpc}") as channel:
+        client = pb_grpc.RetrievalServiceStub(channel)
+        while True:
+            try:
+                _call(client, tenant, text, tokens[tenant])
+                return
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                assert time.monotonic() < deadline, f"still throttled after {timeout}s"
+                time.sleep(1)
 
 
 def _call(
