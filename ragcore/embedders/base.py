@@ -65,8 +65,9 @@ class QueryBatchEmbedder(Protocol):
     each (the calibration embeds ~1,200 queries per index: `embed_queries`)."""
 
     def embed_queries(self, texts: Sequence[str]) -> Vectors:
-        """The vectors of `texts` as queries, shape (len(texts), dimension), each bitwise
-        equal to `embed_query`'s."""
+        """The vectors of `texts` as queries, shape (len(texts), dimension), each
+        `embed_query`'s: bitwise for the local embedder; for an embeddings API, what the
+        server returns for that input (it embeds each input of a request on its own)."""
         ...
 
 

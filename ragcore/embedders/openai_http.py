@@ -179,6 +179,13 @@ class OpenAIEmbedder:
             self._spec.dimension
         )
 
+    def embed_queries(self, texts: Sequence[str]) -> Vectors:
+        """The vectors of `texts` as queries (query prefix applied), in requests of
+        `batch_size` inputs: the API embeds each input of a request on its own, so each is
+        `embed_query`'s vector (the calibration's ~1,000 practice queries per index were as many
+        requests)."""
+        return self._embed(with_prefix(self._spec.query_prefix, texts))
+
     def check(self) -> None:
         """Embed one short text: proves reachability, the key, the model and the dimension."""
         self._embed(["ragstream health check"])

@@ -19,7 +19,7 @@ import numpy.typing as npt
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from ragcore.embedders.base import Embedder
+from ragcore.embedders.base import Embedder, embed_queries
 from ragcore.embedders.openai_http import OpenAIEmbedder, OpenAIEmbedderConfig
 from ragcore.errors import EmbeddingDimensionError, EmbeddingError, EmbeddingUnavailableError
 from ragcore.http_common import parse_retry_after
@@ -351,6 +351,18 @@ def test_query_prefix_dimensions_check_and_close(stub: Stub) -> None:
     embedder.close()
     with pytest.raises(EmbeddingError, match="closed"):
         embedder.check()
+
+
+@pytest.mark.integration
+def test_many_queries_go_in_requests_of_batch_size_with_the_query_prefix(stub: Stub) -> None:
+    embedder = make(stub, query_prefix="query: ", document_prefix="doc: ")
+    texts = [f"question {i}" for i in range(150)]
+    vectors = embed_queries(embedder, texts)
+    assert [len(batch) for batch in inputs(stub)] == [100, 50]
+    assert [t for batch in inputs(stub) for t in batch] == [f"query: {t}" for t in texts]
+    np.testing.assert_allclose(vectors, np.stack([embedder.embed_query(t) for t in texts]))
+    assert embed_queries(embedder, []).shape == (0, DIM)
+    embedder.close()
 
 
 @pytest.mark.unit
