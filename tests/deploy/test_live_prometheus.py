@@ -394,8 +394,12 @@ def test_prometheus_loads_the_generated_rules_and_scrapes_every_target(live: Liv
     assert all(up.get(t) == "1" for t in _always_up(live.stack)), up
     health = prom.rule_health()
     assert set(health) == set(alert_names()), health
-    time.sleep(3)
-    health = prom.rule_health()
+    # A rule not yet evaluated is "unknown"; wait for every rule's first evaluation, not a
+    # fixed time, then every one must be "ok" (an "err" fails at once).
+    deadline = time.monotonic() + 30
+    while "unknown" in health.values() and time.monotonic() < deadline:
+        time.sleep(0.5)
+        health = prom.rule_health()
     assert set(health.values()) == {"ok"}, health
 
 
