@@ -131,7 +131,7 @@ class LocalEmbedderConfig(BaseModel):
         ge=1,
         le=1024,
         description="Passages per onnxruntime call of the float execution. 1: on 2 cores one "
-        "text per call spent 0.63-0.78x the CPU of batches of 32 on ~220-word-piece passages "
+        "text per call spent 0.63-0.86x the CPU of batches of 32 on ~220-word-piece passages "
         "and 0.41-0.57x on a change stream's calls of 8 mixed lengths (no padding); vectors "
         "are bitwise the same at any size. Int8 always runs one text per call (a vector must "
         "not depend on its batch-mates).",
