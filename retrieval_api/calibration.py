@@ -14,8 +14,9 @@
    regressions: the query model (answerable or not, one row per query) and the chunk model (the
    candidates of the answerable queries: answer or not).
 5. *Choose*, on the held-out queries: the result order (fusions of the cosine and BM25 and the
-   evidence score itself, by nDCG@10 of the positives; the configured fusion, convex 0.5/0.5
-   by default, is kept unless another order is better with paired-bootstrap p < 0.05).
+   evidence score itself, by nDCG@10 of the paraphrase positives; the configured fusion,
+   convex 0.5/0.5 by default, is kept unless another order is better with paired-bootstrap
+   p < 0.05).
 6. *Threshold*, cross-fitted: the queries of step 2 and `threshold_queries - 1` times as many
    more, generated for the threshold alone, in K folds (split by query, stratified); each
    fold's max evidence scored by both models fitted on the other folds; on these out-of-fold
@@ -76,6 +77,9 @@ ORDER_CHOICES: tuple[RankingChoice, ...] = (
     RankingChoice("fused", "rrf", 0.0, 1.0),
     RankingChoice("evidence"),
 )
+#: The positives whose nDCG@10 chooses the order (`_choose_order`): the paraphrases, which
+#: share few words with their chunk, as real questions do.
+ORDER_KINDS: frozenset[str] = frozenset({"paraphrase"})
 MEDIUM_EVIDENCE = 0.6
 HIGH_EVIDENCE = 0.85
 
@@ -334,19 +338,17 @@ def _choose_order(
     protect: bool,
 ) -> tuple[RankingChoice, list[dict[str, Any]]]:
     """The order with the largest significant gain over the baseline (`settings.choices[0]`)
-    in nDCG@10 of the answerable queries, or the baseline.
+    in nDCG@10 of the paraphrase queries (`ORDER_KINDS`), or the baseline.
 
-    A fusion has no fitted parameter, so fusions are compared on every answerable query
+    A fusion has no fitted parameter, so fusions are compared on every paraphrase query
     (training and held-out: ~2x the held-out share's power); the evidence order uses the model
-    fitted on the training queries and is compared on the held-out ones only. Identifier
-    queries are left out: the identifier rule orders them, not the fusion, and their exact
-    tokens would tilt the choice to the lexical channel (issue 26 item 5).
+    fitted on the training queries and is compared on the held-out ones only. The other
+    positives are left out: the identifier rule orders identifier queries, not the fusion, and
+    title, topic and sentence queries are the chunk's own words, which rank the lexical
+    channel first by construction, whatever a corpus' real questions prefer (issue 26 item 5;
+    docs/decisions/fusion-weights-from-held-out-evidence.md).
     """
-    compared = [
-        (n, e)
-        for n, e in enumerate(examples)
-        if e.query.answerable and e.query.kind != "identifier"
-    ]
+    compared = [(n, e) for n, e in enumerate(examples) if e.query.kind in ORDER_KINDS]
     # the evidence does not depend on the order: scored once per query, for the evidence order
     # (a fusion's scores do not read it: `RankingChoice.scores`)
     evidence = {n: e.features.evidence(calibration) for n, e in compared if not e.train}
