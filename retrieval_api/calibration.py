@@ -16,7 +16,8 @@
 5. *Choose*, on the held-out queries: the result order (fusions of the cosine and BM25 and the
    evidence score itself, by nDCG@10 of the paraphrase positives; the configured fusion,
    convex 0.5/0.5 by default, is kept unless another order is better with paired-bootstrap
-   p < 0.05).
+   p < 0.05; the evidence order, scored on the held-out queries alone, must also beat the
+   chosen fusion on them).
 6. *Threshold*, cross-fitted: the queries of step 2 and `threshold_queries - 1` times as many
    more, generated for the threshold alone, in K folds (split by query, stratified); each
    fold's max evidence scored by both models fitted on the other folds; on these out-of-fold
@@ -337,8 +338,9 @@ def _choose_order(
     settings: CalibrationSettings,
     protect: bool,
 ) -> tuple[RankingChoice, list[dict[str, Any]]]:
-    """The order with the largest significant gain over the baseline (`settings.choices[0]`)
-    in nDCG@10 of the paraphrase queries (`ORDER_KINDS`), or the baseline.
+    """The fusion with the largest significant gain over the baseline (`settings.choices[0]`)
+    in nDCG@10 of the paraphrase queries (`ORDER_KINDS`), or the baseline; the evidence order
+    instead when it significantly beats that choice on its held-out queries.
 
     A fusion has no fitted parameter, so fusions are compared on every paraphrase query
     (training and held-out: ~2x the held-out share's power); the evidence order uses the model
@@ -383,9 +385,23 @@ def _choose_order(
             test = compare(paired, values, seed=settings.seed, resamples=2000)
             row["diff_vs_default"] = round(test.mean_diff, 4)
             row["p_value"] = round(test.p_value, 4)
-            if test.p_value < settings.significance and test.mean_diff > best_gain:
+            fusion = choice.order != "evidence"
+            if fusion and test.p_value < settings.significance and test.mean_diff > best_gain:
                 best, best_gain = i, test.mean_diff
         table.append(row)
+    # the evidence order is scored on the held-out queries alone: its gain is compared with the
+    # chosen fusion's on those same queries, not with a gain measured on all of them
+    rows = zip(settings.choices, per_choice, table, strict=True)
+    for i, (choice, values, row) in enumerate(rows):
+        if i == 0 or choice.order != "evidence" or not values:
+            continue
+        test = compare(
+            {q: per_choice[best][q] for q in values}, values, seed=settings.seed, resamples=2000
+        )
+        row["diff_vs_chosen_fusion"] = round(test.mean_diff, 4)
+        row["p_value_vs_chosen_fusion"] = round(test.p_value, 4)
+        if test.p_value < settings.significance and test.mean_diff > 0:
+            best = i
     return settings.choices[best], table
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from ragcore.fusion import FusedHit
 from ragcore.sparse import Bm25Encoder, LexicalMatch, LexicalQuery, LexiconStats
+from retrieval_api import calibration
 from retrieval_api.calibration import ORDER_CHOICES, CalibrationSettings, _choose_order, _Example
 from retrieval_api.candidates import RawPool
 from retrieval_api.evidence_score import RankingChoice, Signals
@@ -54,3 +55,34 @@ def test_the_order_follows_the_paraphrases_not_the_positives_made_of_the_chunks_
     # the chosen order ranks every paraphrase's answer first
     row = next(r for r in table if r["order"] == chosen.label)
     assert row["ndcg@10"] == 1.0
+
+
+def test_the_evidence_order_must_beat_the_chosen_fusion_on_its_own_held_out_queries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # an evidence score that orders like the cosine (the dense channel)
+    monkeypatch.setattr(
+        calibration._PoolRows,
+        "evidence",
+        lambda self, _calibration: [float(c) for c in self.rows[:, 0]],
+    )
+    # the held-out paraphrases are where the balanced fusion does worst (two distractors above
+    # the answer): the evidence order's gain over it there is larger than the dense-leaning
+    # fusion's over all paraphrases, yet no larger than that fusion's on the same queries
+    examples = [_example(n, "paraphrase") for n in range(40)]
+    for e in examples[:12]:
+        e.train = False
+        signals = list(e.raw.signals)
+        signals[2] = Signals(0.55, LexicalMatch(9.0, 9.0 / 7.5, 0.5, ()))
+        e.raw = RawPool(e.raw.query, e.raw.hits, tuple(signals))
+    settings = CalibrationSettings(choices=(BASELINE, *(c for c in ORDER_CHOICES if c != BASELINE)))
+    prior = prior_calibration(LexiconStats.build(["a b c"], Bm25Encoder()))
+    chosen, table = _choose_order(examples, prior, settings, protect=False)
+    evidence = next(r for r in table if r["order"] == "evidence")
+    dense_leaning = RankingChoice("fused", "convex", 0.7, 0.3)
+    fused = next(r for r in table if r["order"] == dense_leaning.label)
+    assert evidence["queries"] == 12
+    assert evidence["diff_vs_default"] > fused["diff_vs_default"] > 0
+    assert evidence["p_value"] < 0.05
+    assert chosen == dense_leaning
+    assert evidence["diff_vs_chosen_fusion"] <= 0
