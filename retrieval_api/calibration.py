@@ -14,8 +14,10 @@
    regressions: the query model (answerable or not, one row per query) and the chunk model (the
    candidates of the answerable queries: answer or not).
 5. *Choose*, on the held-out queries: the result order (fusions of the cosine and BM25 and the
-   evidence score itself, by nDCG@10 of the positives; the configured fusion, convex 0.5/0.5
-   by default, is kept unless another order is better with paired-bootstrap p < 0.05).
+   evidence score itself, by nDCG@10 of the paraphrase positives; the configured fusion,
+   convex 0.5/0.5 by default, is kept unless another order is better with paired-bootstrap
+   p < 0.05; the evidence order, scored on the held-out queries alone, must also beat the
+   chosen fusion on them).
 6. *Threshold*, cross-fitted: the queries of step 2 and `threshold_queries - 1` times as many
    more, generated for the threshold alone, in K folds (split by query, stratified); each
    fold's max evidence scored by both models fitted on the other folds; on these out-of-fold
@@ -76,6 +78,9 @@ ORDER_CHOICES: tuple[RankingChoice, ...] = (
     RankingChoice("fused", "rrf", 0.0, 1.0),
     RankingChoice("evidence"),
 )
+#: The positives whose nDCG@10 chooses the order (`_choose_order`): the paraphrases, which
+#: share few words with their chunk, as real questions do.
+ORDER_KINDS: frozenset[str] = frozenset({"paraphrase"})
 MEDIUM_EVIDENCE = 0.6
 HIGH_EVIDENCE = 0.85
 
@@ -333,20 +338,19 @@ def _choose_order(
     settings: CalibrationSettings,
     protect: bool,
 ) -> tuple[RankingChoice, list[dict[str, Any]]]:
-    """The order with the largest significant gain over the baseline (`settings.choices[0]`)
-    in nDCG@10 of the answerable queries, or the baseline.
+    """The fusion with the largest significant gain over the baseline (`settings.choices[0]`)
+    in nDCG@10 of the paraphrase queries (`ORDER_KINDS`), or the baseline; the evidence order
+    instead when it significantly beats that choice on its held-out queries.
 
-    A fusion has no fitted parameter, so fusions are compared on every answerable query
+    A fusion has no fitted parameter, so fusions are compared on every paraphrase query
     (training and held-out: ~2x the held-out share's power); the evidence order uses the model
-    fitted on the training queries and is compared on the held-out ones only. Identifier
-    queries are left out: the identifier rule orders them, not the fusion, and their exact
-    tokens would tilt the choice to the lexical channel (issue 26 item 5).
+    fitted on the training queries and is compared on the held-out ones only. The other
+    positives are left out: the identifier rule orders identifier queries, not the fusion, and
+    title, topic and sentence queries are the chunk's own words, which rank the lexical
+    channel first by construction, whatever a corpus' real questions prefer (issue 26 item 5;
+    docs/decisions/fusion-weights-from-held-out-evidence.md).
     """
-    compared = [
-        (n, e)
-        for n, e in enumerate(examples)
-        if e.query.answerable and e.query.kind != "identifier"
-    ]
+    compared = [(n, e) for n, e in enumerate(examples) if e.query.kind in ORDER_KINDS]
     # the evidence does not depend on the order: scored once per query, for the evidence order
     # (a fusion's scores do not read it: `RankingChoice.scores`)
     evidence = {n: e.features.evidence(calibration) for n, e in compared if not e.train}
@@ -381,9 +385,23 @@ def _choose_order(
             test = compare(paired, values, seed=settings.seed, resamples=2000)
             row["diff_vs_default"] = round(test.mean_diff, 4)
             row["p_value"] = round(test.p_value, 4)
-            if test.p_value < settings.significance and test.mean_diff > best_gain:
+            fusion = choice.order != "evidence"
+            if fusion and test.p_value < settings.significance and test.mean_diff > best_gain:
                 best, best_gain = i, test.mean_diff
         table.append(row)
+    # the evidence order is scored on the held-out queries alone: its gain is compared with the
+    # chosen fusion's on those same queries, not with a gain measured on all of them
+    rows = zip(settings.choices, per_choice, table, strict=True)
+    for i, (choice, values, row) in enumerate(rows):
+        if i == 0 or choice.order != "evidence" or not values:
+            continue
+        test = compare(
+            {q: per_choice[best][q] for q in values}, values, seed=settings.seed, resamples=2000
+        )
+        row["diff_vs_chosen_fusion"] = round(test.mean_diff, 4)
+        row["p_value_vs_chosen_fusion"] = round(test.p_value, 4)
+        if test.p_value < settings.significance and test.mean_diff > 0:
+            best = i
     return settings.choices[best], table
 
 

@@ -21,7 +21,8 @@ _SINGLE = {"order": "fused", "identifier_search": False, "identifier_priority": 
 #: The configurations one run compares; the first is the product default (convex 0.5 / 0.5
 #: order, the thresholds the index's calibration chose). `dense_only` / `bm25_only` are one
 #: channel alone; `rrf*`, `convex_*`, `dbsf`, `evidence_order` fix another order and
-#: `calibrated_order` takes the one the calibration chose per index; `thr_*` fix the hard
+#: `calibrated_order` takes the one the calibration chose per index, `configured_fusion` the
+#: configured fusion whatever the calibration chose; `thr_*` fix the hard
 #: threshold on the evidence score (`no_threshold`, `*_no_threshold`: none, so a channel's
 #: ranking is compared without abstention), `supporting_*` the floor of supporting chunks;
 #: `no_identifier_rule` drops the identifier search and priority; `no_collapse`, `no_diversity`,
@@ -58,6 +59,7 @@ DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
     "dbsf": {"order": "fused", "fusion_method": "dbsf", "dense_weight": 1.0, "sparse_weight": 1.0},
     "evidence_order": {"order": "evidence"},
     "calibrated_order": {"order": "calibrated"},
+    "configured_fusion": {"order": "fused"},
     "no_identifier_rule": {"identifier_search": False, "identifier_priority": False},
     "no_collapse": {"near_duplicate_collapse": False},
     "no_diversity": {"diversity": False},

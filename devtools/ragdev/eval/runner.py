@@ -292,6 +292,9 @@ def run_eval(
                             f"({time.perf_counter() - began:.1f}s)",
                             flush=True,
                         )
+                        # which order the calibration's paraphrases preferred, and how surely
+                        for row in fitted.report.get("order", {}).get("table", []):
+                            print(f"    order {row}", flush=True)
             worker.close()
             results = []
             hashed = {t: hashlib.sha256(v.encode()).hexdigest() for t, v in tokens.items()}
