@@ -67,9 +67,9 @@ def content_hash(text: str) -> bytes:
 
 
 # Query keys are tagged: with empty prefixes (MiniLM's) a query and a passage of the same text
-# would share a key, and a passage's vector is not always bitwise the query's (the float
-# execution pads a batch of passages; a query is embedded alone), so one must never serve the
-# other.
+# would share a key, and an embedder need not give both the same vector (int8 1.0.0 quantized a
+# passage with its batch-mates; today's local executions do give the same), so one never
+# serves the other.
 _QUERY_KEY_TAG = b"query\x00"
 
 
