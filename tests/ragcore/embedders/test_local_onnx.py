@@ -140,26 +140,6 @@ def test_batch_size_does_not_change_vectors(embedder: LocalOnnxEmbedder) -> None
 
 
 @pytest.mark.unit
-def test_float_default_runs_one_text_per_call(embedder: LocalOnnxEmbedder) -> None:
-    """One text per call spends less CPU than batches of 32, sorted bulk passages as well as a
-    change stream's mixed lengths (docs/decisions/cpu-on-the-hot-paths.md)."""
-    assert embedder.config.batch_size == 1
-    sizes: list[int] = []
-    run_batch = embedder._run_batch
-
-    def counting(session: Any, encodings: list[Any]) -> Any:
-        sizes.append(len(encodings))
-        return run_batch(session, encodings)
-
-    embedder._run_batch = counting  # type: ignore[method-assign]
-    try:
-        embedder.embed_documents(SAMPLES)
-    finally:
-        del embedder._run_batch
-    assert sizes == [1] * len(SAMPLES)
-
-
-@pytest.mark.unit
 @pytest.mark.parametrize("execution", ["float", "int8"])
 def test_embed_queries_gives_each_query_its_embed_query_vector(
     execution: Literal["float", "int8"], monkeypatch: pytest.MonkeyPatch
