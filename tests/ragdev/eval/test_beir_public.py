@@ -7,8 +7,9 @@ channel's minus 0.01.
 
 The data is third-party and never committed: it is read from `$RAGSTREAM_BEIR_DATA/<name>/`.
 How to obtain it: docs/decisions/fusion-weights-from-held-out-evidence.md ("Data"). Without it
-the test skips (`external`). Opt-in by that variable, not found beside the checkout: 10-20
-minutes per set on 2 cores (indexing 5,000 passages), more than the suite's budget.
+the test skips (`external`). Opt-in by that variable, not found beside the checkout: a few
+minutes per set on 2 cores (indexing 5,000 passages; 267 s for both at load 3-6), more than the
+suite's budget. It runs calibration seed 0 only; other seeds: the decision record.
 """
 
 from __future__ import annotations
