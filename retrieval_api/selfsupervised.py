@@ -170,7 +170,10 @@ class QueryGenerator:
         by_stem: dict[str, str] = {}
         tf: Counter[str] = Counter()
         for w in words:
-            stem = self._encoder.tokenize(w)[0]
+            tokens = self._encoder.tokenize(w)
+            if not tokens:  # longer than the encoder's max_token_len: BM25 cannot match it
+                continue
+            stem = tokens[0]
             by_stem.setdefault(stem, w)
             tf[stem] += 1
         scored = sorted(

@@ -127,6 +127,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             {r.name: [row.to_dict() for row in r.result.rows] for r in results},
             title=f"ragstream evaluation: {evalset.name}",
             reliability=doc["reliability"],
+            significance=doc["significance"],
         )
         print(f"report: {paths}", file=sys.stderr)
     if args.json is not None:

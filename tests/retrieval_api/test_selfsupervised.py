@@ -101,3 +101,17 @@ def test_a_paraphrase_replaces_every_word_that_has_a_neighbour() -> None:
     source = {"annual", "customer", "money", "password", "vacation", "weeks"}
     for query in found:
         assert not source & set(squash(query.text).split()), query.text
+
+
+def test_a_word_longer_than_any_token_is_no_topic_word() -> None:
+    """A run-together word longer than `max_token_len` has no BM25 token (a DBpedia abstract
+    holds one of 77 letters): the topic words skip it instead of failing the calibration."""
+    long_word = "riatagallowayorkneypictsrhinnsstrathclydewalesdumnoniaelmetgwyneddpowysrheged"
+    encoder = Bm25Encoder()
+    assert len(long_word) > encoder.config.max_token_len and encoder.tokenize(long_word) == []
+    text = f"Monarchs of {long_word} ruled the kingdoms of the islands before the union."
+    chunk = IndexedChunk("entities:m:chunk:0", "entities:m", "Monarchs", text)
+    lexicon = LexiconStats.build([text, *TEXTS.values()], encoder)
+    found = QueryGenerator([chunk, *chunks()], encoder, lexicon).topic_words(chunk)
+    assert long_word not in found
+    assert {"monarchs", "kingdoms", "islands"} <= set(found)

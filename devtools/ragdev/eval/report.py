@@ -70,6 +70,8 @@ LEGEND_ROW = 18.0
 
 Results = Mapping[str, Mapping[str, float | None]]
 Rows = Mapping[str, Sequence[Mapping[str, Any]]]
+#: `runner.comparison`: configuration -> metric -> {mean_diff_vs_default, ci95, p_value}
+Significance = Mapping[str, Mapping[str, Mapping[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -213,29 +215,38 @@ def render_reliability_svg(bins: Sequence[Mapping[str, Any]], *, label: str = ""
     return "\n".join(out)
 
 
+def _compared(significance: Significance | None) -> list[str]:
+    """The metrics of a `comparison` result, in first-seen order."""
+    metrics: list[str] = []
+    for tests in (significance or {}).values():
+        metrics.extend(m for m in tests if m not in metrics)
+    return metrics
+
+
+def _delta(test: Mapping[str, Any]) -> str:
+    low, high = test["ci95"]
+    return f"{test['mean_diff_vs_default']:+.3f} [{low:+.3f}, {high:+.3f}], p={test['p_value']:.4f}"
+
+
 def summary_table(
     aggregates: Mapping[str, Mapping[str, float | None]],
-    significance: Mapping[str, Mapping[str, Any]] | None = None,
+    significance: Significance | None = None,
     metrics: Sequence[str] = SUMMARY_METRICS,
 ) -> str:
-    """The plain-text table of `ragstream eval`: one row per configuration, and the paired
-    bootstrap of nDCG@5 against the first configuration (difference, 95% CI, p)."""
+    """The plain-text table of `ragstream eval`: one row per configuration, then for each
+    metric of `significance` (`runner.comparison`) the paired bootstrap against the first
+    configuration (this one's value minus the first's, 95% CI, p)."""
     width = max([16, *(len(name) + 2 for name in aggregates)])
+    compared = _compared(significance)
     head = f"{'config':<{width}}" + "".join(f"{m:>{max(10, len(m) + 2)}}" for m in metrics)
-    lines = [head + "   Δ vs first (95% CI, p)"]
+    lines = [head + ("   Δ vs first (95% CI, p)" if compared else "")]
     for name, values in aggregates.items():
         cells = []
         for m in metrics:
             value = values.get(m)
             cells.append(f"{'n/a' if value is None else f'{value:.3f}':>{max(10, len(m) + 2)}}")
-        test = (significance or {}).get(name)
-        extra = ""
-        if test:
-            low, high = test["ci95"]
-            extra = (
-                f"   {test['mean_diff_vs_default']:+.3f} [{low:+.3f}, {high:+.3f}], "
-                f"p={test['p_value']:.4f}"
-            )
+        tests = (significance or {}).get(name, {})
+        extra = "".join(f"   {m} {_delta(tests[m])}" for m in compared if m in tests)
         lines.append(f"{name:<{width}}" + "".join(cells) + extra)
     return "\n".join(lines)
 
@@ -285,9 +296,10 @@ def render_html(
     metrics: Sequence[str] | None = None,
     meta: Mapping[str, Any] | None = None,
     reliability: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    significance: Significance | None = None,
 ) -> str:
     """The self-contained report page: metadata, chart, reliability diagrams, aggregate table,
-    per-query tables."""
+    the paired bootstrap against the first configuration (`significance`), per-query tables."""
     all_metrics: list[str] = []
     for values in results.values():
         all_metrics.extend(m for m in values if m not in all_metrics)
@@ -328,6 +340,21 @@ def render_html(
             f'<div class="scroll" style="display:flex;gap:1em">{diagrams}</div>'
         )
     parts.append(f'<h2>Aggregates</h2><div class="scroll">{summary}</div>')
+    if significance:
+        first = next(iter(results), "the first configuration")
+        table = _table(
+            ["configuration", "metric", f"Δ vs {first}", "95% CI low", "95% CI high", "p"],
+            [
+                [config, metric, t["mean_diff_vs_default"], *t["ci95"], t["p_value"]]
+                for config, tests in significance.items()
+                for metric, t in tests.items()
+            ],
+            "significance",
+        )
+        parts.append(
+            f"<h2>Paired bootstrap against {_text(first)} (per-query values, this configuration"
+            f" minus {_text(first)})</h2>{table}"
+        )
     for config, config_rows in (rows or {}).items():
         flat = [_flatten(r) for r in config_rows]
         columns: list[str] = []
@@ -348,8 +375,10 @@ def report_data(
     *,
     title: str = "ragstream evaluation",
     meta: Mapping[str, Any] | None = None,
+    significance: Significance | None = None,
 ) -> dict[str, Any]:
-    """The JSON report: {title, meta, configs: {name: {aggregates, rows}}}."""
+    """The JSON report: {title, meta, configs: {name: {aggregates, rows}}, significance:
+    {name: {metric: {mean_diff_vs_default, ci95, p_value}}}} (`runner.comparison`)."""
     return {
         "title": title,
         "meta": dict(meta or {}),
@@ -359,6 +388,10 @@ def report_data(
                 "rows": [dict(r) for r in (rows or {}).get(config, [])],
             }
             for config, values in results.items()
+        },
+        "significance": {
+            config: {metric: dict(test) for metric, test in tests.items()}
+            for config, tests in (significance or {}).items()
         },
     }
 
@@ -373,19 +406,26 @@ def write_report(
     meta: Mapping[str, Any] | None = None,
     stem: str = "report",
     reliability: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    significance: Significance | None = None,
 ) -> ReportPaths:
     """Write `<stem>.json` and `<stem>.html` into `out_dir` (created when missing)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / f"{stem}.json"
     html_path = out / f"{stem}.html"
-    data = report_data(results, rows, title=title, meta=meta)
+    data = report_data(results, rows, title=title, meta=meta, significance=significance)
     if reliability:
         data["reliability"] = {k: [dict(b) for b in v] for k, v in reliability.items()}
     json_path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     html_path.write_text(
         render_html(
-            results, rows, title=title, metrics=metrics, meta=meta, reliability=reliability
+            results,
+            rows,
+            title=title,
+            metrics=metrics,
+            meta=meta,
+            reliability=reliability,
+            significance=significance,
         ),
         encoding="utf-8",
     )

@@ -396,17 +396,30 @@ def _query_all(
     return runs
 
 
-def comparison(results: Sequence[ConfigResult], metric: str = "ndcg@5") -> dict[str, Any]:
-    """Paired bootstrap of each configuration against the first (the default)."""
+#: Metrics `comparison` tests: nDCG@5 (the golden set's headline) and nDCG@10 (the BEIR
+#: convention, and issue 26 item 5's criterion).
+COMPARED_METRICS: tuple[str, ...] = ("ndcg@5", "ndcg@10")
+
+
+def comparison(
+    results: Sequence[ConfigResult], metrics: Sequence[str] = COMPARED_METRICS
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Paired bootstrap of each configuration against the first (the default), per metric:
+    {configuration: {metric: {mean_diff_vs_default, ci95, p_value}}}; the difference is the
+    configuration's value minus the default's. A metric no query has is left out."""
     baseline = results[0]
-    base_values = baseline.result.metric_values(metric)
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for other in results[1:]:
-        test = compare(base_values, other.result.metric_values(metric))
-        out[other.name] = {
-            "metric": metric,
-            "mean_diff_vs_default": test.mean_diff,
-            "ci95": [test.ci_low, test.ci_high],
-            "p_value": test.p_value,
-        }
+        tests: dict[str, dict[str, Any]] = {}
+        for metric in metrics:
+            base_values = baseline.result.metric_values(metric)
+            if not base_values:
+                continue
+            test = compare(base_values, other.result.metric_values(metric))
+            tests[metric] = {
+                "mean_diff_vs_default": test.mean_diff,
+                "ci95": [test.ci_low, test.ci_high],
+                "p_value": test.p_value,
+            }
+        out[other.name] = tests
     return out

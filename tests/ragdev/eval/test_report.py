@@ -117,18 +117,41 @@ def test_reliability_diagram_has_one_point_per_non_empty_bin_and_the_diagonal() 
     assert 'data-count="8"' in svg and 'data-observed="1.0"' in svg
 
 
-def test_summary_table_lists_configurations_with_the_paired_difference() -> None:
+SIGNIFICANCE: dict[str, dict[str, dict[str, Any]]] = {
+    "dense_only": {
+        "ndcg@5": {"mean_diff_vs_default": -0.05, "ci95": [-0.08, -0.02], "p_value": 0.001},
+        "ndcg@10": {"mean_diff_vs_default": 0.012, "ci95": [-0.004, 0.031], "p_value": 0.17},
+    }
+}
+
+
+def test_summary_table_lists_configurations_with_the_paired_difference_per_metric() -> None:
     from ragdev.eval.report import summary_table
 
     table = summary_table(
         {"default": {"ndcg@5": 0.85, "ece": None}, "dense_only": {"ndcg@5": 0.80}},
-        {"dense_only": {"mean_diff_vs_default": -0.05, "ci95": [-0.08, -0.02], "p_value": 0.001}},
+        SIGNIFICANCE,
         metrics=("ndcg@5", "ece"),
     )
     lines = table.splitlines()
     assert lines[0].startswith("config") and "ndcg@5" in lines[0]
     assert "0.850" in lines[1] and "n/a" in lines[1]
-    assert "-0.050 [-0.080, -0.020], p=0.0010" in lines[2]
+    assert "ndcg@5 -0.050 [-0.080, -0.020], p=0.0010" in lines[2]
+    assert "ndcg@10 +0.012 [-0.004, +0.031], p=0.1700" in lines[2]
+
+
+def test_report_carries_the_paired_bootstrap_of_each_metric(tmp_path: Path) -> None:
+    paths = write_report(
+        tmp_path,
+        {"default": {"ndcg@10": 0.46}, "dense_only": {"ndcg@10": 0.47}},
+        significance=SIGNIFICANCE,
+    )
+    data = json.loads(paths.json_path.read_text())
+    assert data["significance"]["dense_only"]["ndcg@10"]["ci95"] == [-0.004, 0.031]
+    assert data["significance"]["dense_only"]["ndcg@5"]["p_value"] == 0.001
+    page = paths.html_path.read_text()
+    assert 'class="significance"' in page
+    assert "<td>dense_only</td><td>ndcg@10</td>" in page and "0.0310" in page
 
 
 def test_html_report_embeds_the_reliability_diagrams(tmp_path: Path) -> None:
