@@ -368,31 +368,32 @@ def test_diversity_moves_a_repeated_fact_down_but_not_across_identifier_tiers() 
 def _reference_collapse(
     survivors: list[RankedChunk], signatures: list[Signature], cut: float
 ) -> tuple[list[RankedChunk], list[Signature]]:
-    """Near-duplicate collapse as first written: each pair's sizes sorted."""
-    keep: list[RankedChunk] = []
-    kept: list[Signature] = []
-    members: list[list[RankedChunk]] = []
-    for chunk, sig in zip(survivors, signatures, strict=True):
-        for i, other in enumerate(kept):
-            small, large = sorted((len(sig), len(other)))
-            if small >= cut * large and similarity(sig, other) >= cut:
-                members[i].append(chunk)
-                break
+    """Near-duplicate collapse by its definition: each survivor folds into the first kept one
+    that passes the size prefilter (the smaller set >= cut x the larger) and the Jaccard cut."""
+
+    def near(a: Signature, b: Signature) -> bool:
+        sizes = (len(a), len(b))
+        return min(sizes) >= cut * max(sizes) and similarity(a, b) >= cut
+
+    kept: list[int] = []
+    folded: dict[int, list[RankedChunk]] = {}
+    for j, sig in enumerate(signatures):
+        into = next((i for i in kept if near(sig, signatures[i])), None)
+        if into is None:
+            kept.append(j)
+            folded[j] = []
         else:
-            keep.append(chunk)
-            kept.append(sig)
-            members.append([])
-    out = [
-        RankedChunk(c.candidate, c.final, tuple(m)) if m else c
-        for c, m in zip(keep, members, strict=True)
+            folded[into].append(survivors[j])
+    collapsed = [
+        replace(survivors[i], similar=tuple(folded[i])) if folded[i] else survivors[i] for i in kept
     ]
-    return out, kept
+    return collapsed, [signatures[i] for i in kept]
 
 
 def _reference_diversify(
     survivors: list[RankedChunk], signatures: list[Signature], lam: float, top_k: int
 ) -> list[RankedChunk]:
-    """MMR as first written: each place's tier computed where it is compared."""
+    """MMR by its definition: each place chosen by (tier, marginal relevance, place)."""
 
     def tier(r: RankedChunk) -> tuple[int, int]:
         return (-len(r.candidate.identifiers), 0)
@@ -408,18 +409,17 @@ def _reference_diversify(
     else:
         spread = high - low
         rel = [(v - low) / spread if spread > 0 else 1.0 for v in scores]
-    redundancy = [0.0] * window
     chosen: list[int] = []
+
+    def mmr(i: int) -> tuple[tuple[int, int], float, int]:
+        # the lowest tier, then the highest marginal relevance, then the earliest place
+        redundancy = max((similarity(signatures[i], signatures[c]) for c in chosen), default=0.0)
+        return (tier(survivors[i]), -(lam * rel[i] - (1 - lam) * redundancy), i)
+
     while pool and len(chosen) < top_k:
-        best_tier = min(tier(survivors[i]) for i in pool)
-        best = max(
-            (i for i in pool if tier(survivors[i]) == best_tier),
-            key=lambda i: (lam * rel[i] - (1 - lam) * redundancy[i], -i),
-        )
+        best = min(pool, key=mmr)
         chosen.append(best)
         pool.remove(best)
-        for i in pool:
-            redundancy[i] = max(redundancy[i], similarity(signatures[i], signatures[best]))
     order = chosen + pool + list(range(window, len(survivors)))
     return [survivors[i] for i in order]
 
