@@ -149,7 +149,8 @@ class TableMapping(BaseModel):
     @property
     def label(self) -> str:
         """The name in entity ids and payloads."""
-        return self.name or self.table_name
+        # `table_name` inlined: read a few times for every entity id Retrieve verifies
+        return self.name or self.table.rpartition(".")[2]
 
     @property
     def entity_type_default(self) -> str:
@@ -201,7 +202,8 @@ class TableMapping(BaseModel):
         name, sep, rest = entity_id.partition(":")
         if not sep or name != self.label:
             raise MappingError(f"{entity_id!r} is not an entity id of table {self.label!r}")
-        parts = tuple(unquote(p) for p in rest.split(","))
+        # `unquote` returns a value without `%` unchanged: the usual key has none
+        parts = tuple(rest.split(",")) if "%" not in rest else tuple(map(unquote, rest.split(",")))
         if len(parts) != len(self.key_columns) or not all(parts):
             raise MappingError(
                 f"{entity_id!r}: expected {len(self.key_columns)} key values "
@@ -256,6 +258,8 @@ def _encode_key_part(value: object) -> str:
     text = str(value)
     if not text:
         raise MappingError("an empty key value cannot identify an entity")
+    if "%" not in text and "," not in text:
+        return text  # nothing to encode (`_KEY_UNSAFE`): the usual key
     return _KEY_UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", text)
 
 

@@ -118,7 +118,12 @@ class PoolRanks:
 
 
 def _ranks(values: Sequence[float]) -> tuple[int, ...]:
-    order = sorted(range(len(values)), key=lambda i: (-values[i], i))
+    if any(map(math.isnan, values)):
+        order = sorted(range(len(values)), key=lambda i: (-values[i], i))
+    else:
+        # descending, ties in input order: a stable sort keeps equal values in order under
+        # `reverse` too, so this is the order of the key (-value, index) without its tuples
+        order = sorted(range(len(values)), key=values.__getitem__, reverse=True)
     out = [0] * len(values)
     for rank, i in enumerate(order, start=1):
         out[i] = rank
@@ -132,6 +137,11 @@ def pool_ranks(signals: Sequence[Signals]) -> PoolRanks:
     )
 
 
+#: The features that need the candidates' ranks (`pool_ranks`).
+_RANK_FEATURES = frozenset({"dense_log_rank", "lexical_log_rank", "agree_top3"})
+_NO_RANKS = PoolRanks((), ())
+
+
 def feature_matrix(
     query: LexicalQuery, signals: Sequence[Signals], names: Sequence[str]
 ) -> NDArray[np.float64]:
@@ -139,26 +149,29 @@ def feature_matrix(
     out = np.empty((len(signals), len(names)), dtype=np.float64)
     if not signals:
         return out
-    ranks = pool_ranks(signals)
+    # only what the model names is computed (it runs six times a Retrieve request: the query
+    # model's row of one candidate and the chunk model's rows, for the pool and each channel):
+    # the ranks only for a rank feature, the query's features only for the query model
+    ranks = pool_ranks(signals) if not _RANK_FEATURES.isdisjoint(names) else _NO_RANKS
     cosines = [s.cosine for s in signals]
     best_cos = max(cosines)
     norms = [min(s.lexical.normalized, _BM25_NORM_CAP) for s in signals]
     best_norm = max(norms)
     n_ids = len(query.identifiers)
-    found = {t for s in signals for t in s.lexical.identifiers}
-    shared: dict[str, float] = {
-        "max_cosine": best_cos,
-        "max_coverage": max(s.lexical.coverage for s in signals),
-        "max_bm25_norm": best_norm,
-        "id_query": 1.0 if n_ids else 0.0,
-        "id_found": len(found) / n_ids if n_ids else 0.0,
-        "id_unknown": len(query.unknown_identifiers) / n_ids if n_ids else 0.0,
-        "query_missing": query.missing_share,
-        "query_log_len": math.log1p(len(query.tokens)),
-    }
-    # column by column: only the features the model names are computed (it runs six times a
-    # Retrieve request, over every candidate)
-    columns: dict[str, Callable[[], list[float]]] = {
+
+    def id_found() -> float:
+        found = {t for s in signals for t in s.lexical.identifiers}
+        return len(found) / n_ids if n_ids else 0.0
+
+    columns: dict[str, Callable[[], float | list[float]]] = {
+        "max_cosine": lambda: best_cos,
+        "max_coverage": lambda: max(s.lexical.coverage for s in signals),
+        "max_bm25_norm": lambda: best_norm,
+        "id_query": lambda: 1.0 if n_ids else 0.0,
+        "id_found": id_found,
+        "id_unknown": lambda: len(query.unknown_identifiers) / n_ids if n_ids else 0.0,
+        "query_missing": lambda: query.missing_share,
+        "query_log_len": lambda: math.log1p(len(query.tokens)),
         "cosine": lambda: cosines,
         "cosine_gap": lambda: [c - best_cos for c in cosines],
         "dense_log_rank": lambda: [math.log(r) for r in ranks.dense],
@@ -174,8 +187,7 @@ def feature_matrix(
         RERANK_FEATURE: lambda: _reranks(signals),
     }
     for j, name in enumerate(names):
-        value = shared.get(name)
-        out[:, j] = columns[name]() if value is None else value
+        out[:, j] = columns[name]()
     return out
 
 

@@ -516,17 +516,20 @@ def _collapse(
     """Fold each survivor into the best earlier one whose text it nearly repeats."""
     keep: list[RankedChunk] = []
     kept: list[Signature] = []
+    kept_sizes: list[int] = []
     members: list[list[RankedChunk]] = []
     for chunk, sig in zip(survivors, signatures, strict=True):
-        for i, other in enumerate(kept):
+        n = len(sig)
+        for i, (other, m) in enumerate(zip(kept, kept_sizes, strict=True)):
             # Jaccard >= cut needs the smaller set to hold >= cut of the larger: skip the rest
-            small, large = sorted((len(sig), len(other)))
-            if small >= cut * large and similarity(sig, other) >= cut:
+            # (the smaller of the two sizes against the larger, without sorting each pair)
+            if (n >= cut * m if n <= m else m >= cut * n) and similarity(sig, other) >= cut:
                 members[i].append(chunk)
                 break
         else:
             keep.append(chunk)
             kept.append(sig)
+            kept_sizes.append(n)
             members.append([])
     out = [
         RankedChunk(c.candidate, c.final, tuple(m)) if m else c
@@ -560,11 +563,12 @@ def _diversify(
         spread = high - low  # a score that can be negative (dbsf): min-max
         rel = [(s - low) / spread if spread > 0 else 1.0 for s in scores]
     redundancy = [0.0] * window
+    tiers = [tier(survivors[i]) for i in range(window)]  # once, not twice a pass per place
     chosen: list[int] = []
     while pool and len(chosen) < top_k:
-        best_tier = min(tier(survivors[i]) for i in pool)
+        best_tier = min(tiers[i] for i in pool)
         best = max(
-            (i for i in pool if tier(survivors[i]) == best_tier),
+            (i for i in pool if tiers[i] == best_tier),
             key=lambda i: (lam * rel[i] - (1 - lam) * redundancy[i], -i),
         )
         chosen.append(best)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections import Counter
 
 import pytest
@@ -15,6 +16,8 @@ from ragcore.sparse import (
     Bm25Config,
     Bm25Encoder,
     Bm25Scorer,
+    LexicalMatch,
+    LexicalQuery,
     LexiconStats,
     bm25_weight,
     idf,
@@ -261,3 +264,57 @@ def test_counts_equal_the_tokens_of_the_surface_words(text: str) -> None:
     counts, length = encoder.counts(text)
     assert counts == Counter(t for w in words for t in w.tokens)
     assert length == len(words)
+
+
+#: The surface-word pattern as first written (backtracking, Unicode `\w` on every text).
+_COMPOUND_REFERENCE = re.compile(r"\w+(?:[-./:]\w+)*")
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=_WORDY | st.text(max_size=200) | st.text(alphabet="aZ9_-./: \u00e9\u0130", max_size=60))
+def test_surface_words_are_the_reference_pattern_matches(text: str) -> None:
+    """The possessive pattern, and its ASCII twin on ASCII text, find the same words."""
+    assert sparse_module._words(text) == _COMPOUND_REFERENCE.findall(text)
+
+
+def _reference_match(
+    encoder: Bm25Encoder, stats: LexiconStats, query: LexicalQuery, text: str
+) -> LexicalMatch:
+    """Exact BM25 by its definition: counts over `surface`'s words, `bm25_weight` per term."""
+    words = encoder.surface(text, identifiers=False)
+    counts = Counter(t for w in words for t in w.tokens)
+    avgdl = stats.avgdl if stats.avgdl > 0 else encoder.config.avgdl
+    score = covered = 0.0
+    for token, weight in zip(query.tokens, query.idf, strict=True):
+        tf = counts.get(token, 0)
+        if tf:
+            score += weight * bm25_weight(tf, float(len(words)), encoder.config, avgdl)
+            covered += weight
+    total = sum(query.idf)
+    return LexicalMatch(
+        score=score,
+        normalized=score / total if total > 0 else 0.0,
+        coverage=covered / total if total > 0 else 0.0,
+        identifiers=tuple(t for t in query.identifiers if t in counts),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    texts=st.lists(_WORDY | st.text(max_size=120), min_size=1, max_size=6),
+    question=_WORDY | st.text(max_size=60),
+    corpus=st.lists(_WORDY, max_size=4),
+)
+def test_exact_bm25_is_bit_identical_to_its_definition(
+    texts: list[str], question: str, corpus: list[str]
+) -> None:
+    """Retrieve's scorer (constants hoisted, counts from the memo) gives the definition's
+    floats exactly, not approximately: ties and the order of candidates depend on them."""
+    encoder = Bm25Encoder()
+    stats = LexiconStats.build([*texts, *corpus], encoder)
+    scorer = Bm25Scorer(encoder, stats)
+    query = scorer.query(question)
+    expected = [_reference_match(encoder, stats, query, t) for t in texts]
+    assert scorer.match_all(query, texts) == expected
+    assert scorer.match_all(query, texts) == expected  # again, from the count cache
+    assert [scorer.match(query, t) for t in texts] == expected

@@ -142,6 +142,29 @@ def test_features_equal_the_row_by_row_definition(
     assert np.array_equal(got, _reference_feature_matrix(query, signals, chosen))
 
 
+def _reference_ranks(values: list[float]) -> tuple[int, ...]:
+    """1-based ranks by the definition: descending value, ties in input order."""
+    order = sorted(range(len(values)), key=lambda i: (-values[i], i))
+    return tuple(order.index(i) + 1 for i in range(len(values)))
+
+
+# few distinct values, so ties are common; signed zeros, infinities and NaN among them
+_RANKED = st.sampled_from([0.0, -0.0, 0.25, 0.5, -0.5, 1e-300, math.inf, -math.inf, math.nan])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_RANKED | st.floats(), max_size=16), st.lists(_RANKED, max_size=16))
+def test_pool_ranks_are_the_definitions(cosines: list[float], scores: list[float]) -> None:
+    """`pool_ranks` (a stable reverse sort, without key tuples) ranks as the definition does."""
+    scores = (scores + cosines)[: len(cosines)]
+    signals = [
+        Signals(c, LexicalMatch(s, 0.0, 0.0, ())) for c, s in zip(cosines, scores, strict=True)
+    ]
+    ranks = pool_ranks(signals)
+    assert ranks.dense == _reference_ranks(cosines)
+    assert ranks.lexical == _reference_ranks(scores)
+
+
 def test_a_rerank_feature_needs_a_rerank_score() -> None:
     with pytest.raises(CalibrationError, match="reranker"):
         feature_matrix(QUERY, [signal(0.5, 1.0, 1.0)], ("cosine", "rerank"))

@@ -9,10 +9,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import retrieval_api.ranking as ranking_module
 from ragcore.errors import StoreError
 from ragcore.fusion import fuse
 from ragcore.store.base import EVENT_DATE, Range, ScoredHit, StoreFilter
+from ragcore.textsim import Signature, signature, similarity
 from retrieval_api.ranking import (
     Candidate,
     Confidence,
@@ -359,6 +363,105 @@ def test_diversity_moves_a_repeated_fact_down_but_not_across_identifier_tiers() 
     assert ids(rank(held, **kw, diversity_lambda=0.0).results)[0] == "b:chunk:0"
     with pytest.raises(ValueError, match="diversity_lambda"):
         rank(candidates, **kw, diversity_lambda=1.5)
+
+
+def _reference_collapse(
+    survivors: list[RankedChunk], signatures: list[Signature], cut: float
+) -> tuple[list[RankedChunk], list[Signature]]:
+    """Near-duplicate collapse by its definition: each survivor folds into the first kept one
+    that passes the size prefilter (the smaller set >= cut x the larger) and the Jaccard cut."""
+
+    def near(a: Signature, b: Signature) -> bool:
+        sizes = (len(a), len(b))
+        return min(sizes) >= cut * max(sizes) and similarity(a, b) >= cut
+
+    kept: list[int] = []
+    folded: dict[int, list[RankedChunk]] = {}
+    for j, sig in enumerate(signatures):
+        into = next((i for i in kept if near(sig, signatures[i])), None)
+        if into is None:
+            kept.append(j)
+            folded[j] = []
+        else:
+            folded[into].append(survivors[j])
+    collapsed = [
+        replace(survivors[i], similar=tuple(folded[i])) if folded[i] else survivors[i] for i in kept
+    ]
+    return collapsed, [signatures[i] for i in kept]
+
+
+def _reference_diversify(
+    survivors: list[RankedChunk], signatures: list[Signature], lam: float, top_k: int
+) -> list[RankedChunk]:
+    """MMR by its definition: each place chosen by (tier, marginal relevance, place)."""
+
+    def tier(r: RankedChunk) -> tuple[int, int]:
+        return (-len(r.candidate.identifiers), 0)
+
+    window = min(len(survivors), 2 * top_k)
+    if window < 2:
+        return survivors
+    pool = list(range(window))
+    scores = [survivors[i].final for i in pool]
+    low, high = min(scores), max(scores)
+    if low >= 0 and high > 0:
+        rel = [v / high for v in scores]
+    else:
+        spread = high - low
+        rel = [(v - low) / spread if spread > 0 else 1.0 for v in scores]
+    chosen: list[int] = []
+
+    def mmr(i: int) -> tuple[tuple[int, int], float, int]:
+        # the lowest tier, then the highest marginal relevance, then the earliest place
+        redundancy = max((similarity(signatures[i], signatures[c]) for c in chosen), default=0.0)
+        return (tier(survivors[i]), -(lam * rel[i] - (1 - lam) * redundancy), i)
+
+    while pool and len(chosen) < top_k:
+        best = min(pool, key=mmr)
+        chosen.append(best)
+        pool.remove(best)
+    order = chosen + pool + list(range(window, len(survivors)))
+    return [survivors[i] for i in order]
+
+
+# a few words, so texts repeat and their shingle sets often differ in a size near the cut
+_SHORT_TEXT = st.lists(st.sampled_from(["pump", "seal", "gx-300", "leak", "7"]), max_size=9).map(
+    " ".join
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    texts=st.lists(st.tuples(_SHORT_TEXT, st.booleans()), max_size=12),
+    cut=st.sampled_from([0.0, 0.5, 0.75, 0.9, 1.0]),
+    lam=st.sampled_from([0.0, 0.3, 0.7]),
+    top_k=st.integers(min_value=1, max_value=5),
+)
+def test_collapse_and_diversity_equal_their_definitions(
+    texts: list[tuple[str, bool]], cut: float, lam: float, top_k: int
+) -> None:
+    """The collapse's size check without a sort per pair and MMR's tiers computed once choose
+    what the definitions choose."""
+    survivors = [
+        RankedChunk(
+            _texted(f"c{n}:chunk:0", 0.9 - n / 100, text, identifiers=("gx-300",) if held else ()),
+            0.9 - n / 100,
+        )
+        for n, (text, held) in enumerate(texts)
+    ]
+    signatures = [signature(text) for text, _ in texts]
+    expected = _reference_collapse(survivors, signatures, cut)
+    assert ranking_module._collapse(survivors, signatures, cut) == expected
+    kept, kept_signatures = expected
+    got = ranking_module._diversify(
+        kept,
+        kept_signatures,
+        lam=lam,
+        top_k=top_k,
+        relevance=lambda r: r.final,
+        tier=lambda r: (-len(r.candidate.identifiers), 0),
+    )
+    assert got == _reference_diversify(kept, kept_signatures, lam, top_k)
 
 
 @pytest.mark.parametrize(
