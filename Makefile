@@ -42,8 +42,15 @@ eval-gate: venv
 	$(BIN)/ragstream eval --dataset golden --configs default \
 		--gate devtools/ragdev/eval/data/golden.gate.json --json .eval-golden.json
 
+# The suite in TEST_WORKERS processes, a file per worker at a time (a file's fixtures stay in one
+# process); then the `serial` tests alone: they time alerts against a live Prometheus, which
+# another worker's CPU-heavy tests can push past their deadlines.
+TEST_WORKERS ?= 2
+TEST_PATH = PATH="$(CURDIR)/.tools:$(CURDIR)/.tools/bin:$$PATH"
+
 test: venv tools lint typecheck
-	PATH="$(CURDIR)/.tools:$(CURDIR)/.tools/bin:$$PATH" $(BIN)/pytest -q
+	$(TEST_PATH) $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	$(TEST_PATH) $(BIN)/pytest -q -m serial
 	$(MAKE) eval-gate
 
 clean:

@@ -48,6 +48,10 @@ from tests.deploy.prometheus_live import (
 )
 from tests.deploy.support import ALERTS_FILE, CHART_ALERTS_FILE, require_tool
 
+#: Alone, after the parallel part of `make test` (Makefile): the alerts fire within seconds-long
+#: deadlines, which a second worker's CPU-heavy tests pushed past (two alerts missed theirs).
+pytestmark = pytest.mark.serial
+
 #: What one scenario does to the stack: `inject` breaks something and returns `recover`.
 Inject = Callable[[LiveStack], Callable[[], None]]
 
