@@ -38,7 +38,9 @@ from ragcore.errors import RagstreamError
 from ragcore.sparse import Bm25Encoder
 from ragcore.store.base import StoreFilter, VectorStore
 from ragcore.store.host import HostedStore, StoreHost, new_host_key
+from retrieval_api.grpc_server import server_options
 from retrieval_api.processes import free_port, process_cpu_seconds
+from retrieval_api.settings import GrpcSettings
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 
@@ -96,8 +98,12 @@ class FloorServicer(pb_grpc.RetrievalServiceServicer):
         )
 
 
-def _server(servicer: FloorServicer, port: int) -> tuple[grpc.Server, int]:
-    server = grpc.server(ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="floor"))
+def _server(
+    servicer: FloorServicer, port: int, options: Sequence[tuple[str, int]] = ()
+) -> tuple[grpc.Server, int]:
+    server = grpc.server(
+        ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="floor"), options=list(options)
+    )
     pb_grpc.add_RetrievalServiceServicer_to_server(servicer, server)
     bound: int = server.add_insecure_port(f"127.0.0.1:{port}")
     if bound == 0:
@@ -121,6 +127,7 @@ class _ChildSpec:
     store_address: str
     store_key: bytes
     embedder: LocalEmbedderConfig
+    options: tuple[tuple[str, int], ...]
 
 
 class FloorProcesses:
@@ -134,17 +141,29 @@ class FloorProcesses:
         processes: int,
         socket_dir: Path,
         embedder: LocalEmbedderConfig,
+        grpc_settings: GrpcSettings,
     ) -> None:
         """`socket_dir`: a private directory for the host's socket; `embedder`: each
-        process's local embedder (as Retrieve's: `retrieval_api.processes.serving_settings`)."""
+        process's local embedder (as Retrieve's: `retrieval_api.processes.serving_settings`);
+        `grpc_settings`: Retrieve's, whose connection ageing the processes apply as Retrieve's
+        `processes` servers do (without it, a few long-lived clients would load the floor's
+        processes unevenly while Retrieve's are evened out)."""
         self._spec = spec
         self._store = store
         self._count = processes
         self._socket = socket_dir / "floor-store.sock"
         self.port = free_port("127.0.0.1")
         self._embedder = embedder
+        self._options = tuple(
+            server_options(grpc_settings.model_copy(update={"processes": processes}))
+        )
         self._host: StoreHost | None = None
         self._children: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def options(self) -> tuple[tuple[str, int], ...]:
+        """The gRPC channel arguments of every floor server process (Retrieve's ageing)."""
+        return self._options
 
     @property
     def pids(self) -> list[int]:
@@ -161,7 +180,7 @@ class FloorProcesses:
         self._host = StoreHost(self._store, self._socket, authkey=key)
         self._host.start()
         message = pickle.dumps(
-            _ChildSpec(self._spec, self.port, str(self._socket), key, self._embedder)
+            _ChildSpec(self._spec, self.port, str(self._socket), key, self._embedder, self._options)
         )
         for _ in range(self._count):
             child = subprocess.Popen(
@@ -212,7 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("ragdev.bench.floor: stdin did not carry a floor spec")
     store = HostedStore(Path(child.store_address), authkey=child.store_key)
     embedder = LocalOnnxEmbedder(child.embedder)
-    server, _ = _server(FloorServicer(child.spec, embedder, store, Bm25Encoder()), child.port)
+    servicer = FloorServicer(child.spec, embedder, store, Bm25Encoder())
+    server, _ = _server(servicer, child.port, child.options)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server.start()

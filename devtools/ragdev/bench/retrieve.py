@@ -720,6 +720,7 @@ def _measure_variants(
                         processes=count,
                         socket_dir=tmp,
                         embedder=_local(serving_settings(settings)),
+                        grpc_settings=settings.grpc,
                     )
                     clocks = stack.enter_context(_floor_in_processes(floors))
                 elif count == 1:

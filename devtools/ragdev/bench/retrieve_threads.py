@@ -107,6 +107,7 @@ def _servers(
                 processes=2,
                 socket_dir=tmp,
                 embedder=_local(serving_settings(settings)),
+                grpc_settings=settings.grpc,
             )
         else:
             servers = RetrieveProcesses(settings, processes=2, store=store)
