@@ -16,6 +16,11 @@ quantized at load): about 3x less CPU per query and 1.8x less per passage on a C
 index is only ever searched and written with the execution it was built with. Int8 runs one
 text per call (its activations are quantized with one scale per call): a vector depends on
 its text alone, not on the texts embedded beside it.
+
+The float execution of the pinned model runs its self-attention fused (`fused_attention`,
+default on; `ragcore.onnx_common.fused_attention`, rewritten at load and pinned by sha256):
+~20% less CPU per long passage, vectors within ~1.2e-7 of the export's, the same model version
+(docs/decisions/cpu-on-the-hot-paths.md). A custom `spec` always runs its export as it is.
 """
 
 from __future__ import annotations
@@ -149,7 +154,7 @@ class LocalEmbedderConfig(BaseModel):
         default=True,
         description="Float execution of the pinned MiniLM: run each layer's self-attention as "
         "one fused onnxruntime Attention node (graph rewritten at load, pinned by sha256): "
-        "~20% less CPU per long passage, 6-12% per query, vectors within 2e-7 (same model "
+        "~20% less CPU per long passage, 4-8% per query, vectors within 2e-7 (same model "
         "version). false runs the export as it is. Ignored for int8 and for a custom `spec` "
         "(always unfused: only the pinned graph's rewrite is verified).",
     )
@@ -250,13 +255,16 @@ class LocalOnnxEmbedder:
         self._tokenizer = self._load_tokenizer(tokenizer_path)
         #: the single-thread session of small calls (`small_batch_texts`), when there is one
         self._single: Any = None
+        #: whether the sessions run the pinned graph with its attention fused
+        self._fused = False
         self._session: Any = self._load_session(onnx_path)
         self._closed = False
         log.info(
-            "local embedder %s loaded from %s (%s execution, batch %d, intra-op threads %s)",
+            "local embedder %s loaded from %s (%s execution%s, batch %d, intra-op threads %s)",
             self._spec.model_version,
             onnx_path,
             self._config.execution,
+            ", fused attention" if self._fused else "",
             self._config.batch_size,
             self._config.intra_op_threads or "default",
         )
@@ -329,6 +337,7 @@ class LocalOnnxEmbedder:
                     f"{MINILM_FUSED_SHA256}, written with onnx 1.23.2): install that version, "
                     "or set fused_attention false (RAGSTREAM_EMBEDDER__FUSED_ATTENTION=false)"
                 )
+            self._fused = True
         session = cpu_session(data, path, self._config.intra_op_threads)
         self._inspect_graph(session, path)
         pooled = self._config.intra_op_threads is None and (os.cpu_count() or 1) > 1
