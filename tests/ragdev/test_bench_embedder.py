@@ -27,3 +27,10 @@ def test_bad_batch_sizes_are_refused(sizes: str) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--batch-sizes", sizes])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("executions", ["float,fused", "", "int4"])
+def test_unknown_executions_are_refused(executions: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--executions", executions])
+    assert exc.value.code == 2

@@ -1,5 +1,7 @@
 """Measure the local embedder, float and int8 executions side by side: bulk throughput on
 ~200-word-piece passages, single-query latency and CPU, and how far their vectors agree.
+`float-unfused` is the float execution without its fused attention
+(`RAGSTREAM_EMBEDDER__FUSED_ATTENTION=false`), to compare with `float`.
 
 Passages are English prose cut from the docstrings of Python's standard library (present on
 every machine, deterministic), at sentence boundaries, to ~200 word pieces of the model's own
@@ -274,7 +276,17 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-Execution = Literal["float", "int8"]
+Execution = Literal["float", "float-unfused", "int8"]
+_EXECUTIONS: tuple[Execution, ...] = ("float", "float-unfused", "int8")
+
+
+def _config(ex: Execution, batch_size: int, threads: int | None) -> LocalEmbedderConfig:
+    return LocalEmbedderConfig(
+        batch_size=batch_size,
+        intra_op_threads=threads,
+        execution="int8" if ex == "int8" else "float",
+        fused_attention=ex != "float-unfused",
+    )
 
 
 def _documents(embedder: LocalOnnxEmbedder, texts: list[str]) -> tuple[float, float, Vectors]:
@@ -314,12 +326,7 @@ def run(
     texts = passages(n, tokenizer)
     lengths = [len(tokenizer.encode(t).ids) for t in texts]  # [CLS] and [SEP] included
 
-    embedders = {
-        ex: LocalOnnxEmbedder(
-            LocalEmbedderConfig(batch_size=batch_size, intra_op_threads=threads, execution=ex)
-        )
-        for ex in executions
-    }
+    embedders = {ex: LocalOnnxEmbedder(_config(ex, batch_size, threads)) for ex in executions}
     bulk = {ex: [0.0, 0.0] for ex in executions}
     latencies: dict[str, list[float]] = {ex: [] for ex in executions}
     query_cpu = dict.fromkeys(executions, 0.0)
@@ -389,22 +396,35 @@ def run(
         "load_average_1m": [round(load_before, 2), round(load_after, 2)],
         "executions": by_execution,
     }
-    if {"float", "int8"} <= set(executions):
-        f, q = by_execution["float"], by_execution["int8"]
-        out["int8_vs_float"] = {
-            "query_cpu_ratio": round(q["query_cpu_ms_mean"] / f["query_cpu_ms_mean"], 3),
-            "document_cpu_ratio": round(q["cpu_ms_per_chunk"] / f["cpu_ms_per_chunk"], 3),
-            "passage_cosine_min": round(
-                float(_rowwise(vectors["float"], vectors["int8"]).min()), 4
-            ),
-            "passage_cosine_mean": round(
-                float(_rowwise(vectors["float"], vectors["int8"]).mean()), 4
-            ),
-            "query_cosine_min": round(
-                float(_rowwise(query_vectors["float"], query_vectors["int8"]).min()), 4
-            ),
-        }
+    for base, other in (("float", "int8"), ("float-unfused", "float")):
+        if {base, other} <= set(executions):
+            out[f"{other}_vs_{base}"] = _compare(
+                by_execution[base],
+                by_execution[other],
+                (vectors[base], vectors[other]),
+                (query_vectors[base], query_vectors[other]),
+            )
     return out
+
+
+def _compare(
+    base: dict[str, Any],
+    other: dict[str, Any],
+    documents: tuple[Vectors, Vectors],
+    queries: tuple[Vectors, Vectors],
+) -> dict[str, Any]:
+    """CPU ratios (other / base) and how far the vectors of two executions agree."""
+    cosines = _rowwise(*documents)
+    return {
+        "query_cpu_ratio": round(other["query_cpu_ms_mean"] / base["query_cpu_ms_mean"], 3),
+        "document_cpu_ratio": round(other["cpu_ms_per_chunk"] / base["cpu_ms_per_chunk"], 3),
+        "passage_cosine_min": round(float(cosines.min()), 8),
+        "passage_cosine_mean": round(float(cosines.mean()), 8),
+        "query_cosine_min": round(float(_rowwise(*queries).min()), 8),
+        "max_abs_difference": float(
+            max(np.abs(documents[0] - documents[1]).max(), np.abs(queries[0] - queries[1]).max())
+        ),
+    }
 
 
 def cut(texts: Sequence[str], seed: int = 0) -> list[str]:
@@ -533,7 +553,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument(
         "--executions",
         default="float,int8",
-        help="comma-separated executions to measure side by side (float, int8)",
+        help="comma-separated executions to measure side by side (float, float-unfused, int8)",
     )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
@@ -552,9 +572,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             parser.error("--batch-sizes: one or more sizes >= 1")
         return emit(compare_batch_sizes(args.n, sizes, rounds=args.rounds))
     executions = [e.strip() for e in args.executions.split(",") if e.strip()]
-    unknown = set(executions) - {"float", "int8"}
+    unknown = set(executions) - set(_EXECUTIONS)
     if unknown or not executions:
-        parser.error(f"--executions: float and/or int8, not {sorted(unknown) or 'nothing'}")
+        parser.error(
+            f"--executions: some of {', '.join(_EXECUTIONS)}, not {sorted(unknown) or 'nothing'}"
+        )
     return emit(
         run(
             args.n,

