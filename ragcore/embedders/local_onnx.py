@@ -335,7 +335,8 @@ class LocalOnnxEmbedder:
                     f"{path}: the fused attention rewrite gives other bytes with onnx "
                     f"{_onnx_version()} (sha256 {sha256_hex(data)}, expected "
                     f"{MINILM_FUSED_SHA256}, written with onnx 1.23.2): install that version, "
-                    "or set fused_attention false (RAGSTREAM_EMBEDDER__FUSED_ATTENTION=false)"
+                    "or set fused_attention false (RAGSTREAM_EMBEDDER__KIND=local and "
+                    "RAGSTREAM_EMBEDDER__FUSED_ATTENTION=false)"
                 )
             self._fused = True
         session = cpu_session(data, path, self._config.intra_op_threads)
