@@ -69,6 +69,7 @@ def test_bench_cdc_prints_one_json_report_of_freshness_and_snapshot() -> None:
     )
     assert freshness["cpu_bound_rate_vs_snapshot"] > 0
     assert report["configuration"]["debezium"]["poll.interval.ms"] == 100  # the shipped value
+    assert report["configuration"]["embedder"].endswith("(float execution)")  # the default
     goal = report["goals"]["freshness_p95_s"]
     assert goal["measured"] == [acked["p95"], searchable["p95"]]
     assert set(report["legend"]) >= {"commit_to_acknowledged_s", "stages_s.handle"}

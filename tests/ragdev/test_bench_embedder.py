@@ -1,10 +1,12 @@
-"""`ragstream bench embedder --batch-sizes`: its change-stream texts and its argument checks."""
+"""`ragstream bench embedder --batch-sizes`: its change-stream texts and its argument checks;
+the executions the benches name (`execution_config`), and `bench cdc`'s choice of one."""
 
 from __future__ import annotations
 
 import pytest
 
-from ragdev.bench.embedder import cut, main
+from ragdev.bench import cdc
+from ragdev.bench.embedder import cut, execution_config, main
 
 pytestmark = pytest.mark.unit
 
@@ -33,4 +35,19 @@ def test_bad_batch_sizes_are_refused(sizes: str) -> None:
 def test_unknown_executions_are_refused(executions: str) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--executions", executions])
+    assert exc.value.code == 2
+
+
+def test_each_execution_names_its_settings_and_the_rest_are_the_defaults() -> None:
+    fused, unfused, int8 = (execution_config(e) for e in ("float", "float-unfused", "int8"))
+    assert (fused.execution, fused.fused_attention) == ("float", True)
+    assert (unfused.execution, unfused.fused_attention) == ("float", False)
+    assert int8.execution == "int8"
+    assert fused.model_dump() == type(fused)().model_dump()  # the default embedder
+
+
+@pytest.mark.parametrize("execution", ["fused", "int4"])
+def test_bench_cdc_refuses_an_unknown_execution(execution: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cdc.main(["--embedder-execution", execution])
     assert exc.value.code == 2

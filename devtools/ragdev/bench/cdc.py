@@ -64,13 +64,13 @@ from pydantic import SecretStr
 
 from ragcore.embedders import build_embedder
 from ragcore.embedders.base import Embedder
-from ragcore.embedders.local_onnx import LocalEmbedderConfig
 from ragcore.errors import ConfigError
 from ragcore.kafka_config import KafkaSettings
 from ragcore.resources import package_dir
 from ragcore.settings import SorSettings, StoreSettings
 from ragcore.store.edge import EdgeStore
 from ragcore.tokenizers import load_token_counter
+from ragdev.bench.embedder import EXECUTIONS, Execution, execution_config
 from ragdev.bench.machine import emit, machine_info, percentiles, unwind_on_signals
 from ragdev.services.debezium import DebeziumConnect, PostgresSource, production_config
 from ragdev.services.postgres import PostgresCluster
@@ -663,9 +663,11 @@ def run(
     sample_rate: float = 2.0,
     probe_rate: float = 10.0,
     catch_up_wait_ms: int | None = None,
+    execution: Execution = "float",
 ) -> dict[str, Any]:
     """The phases; the report as a JSON-ready dict. `capacity`: instead of `changes` at
-    `rate`, one step of `step_seconds` at each fraction of the snapshot's end-to-end rows/s."""
+    `rate`, one step of `step_seconds` at each fraction of the snapshot's end-to-end rows/s;
+    `execution`: the local embedder's, for the worker and the embedder-alone figure."""
     if changes < 1 or snapshot_rows < 1 or rate <= 0:
         raise ConfigError("changes and snapshot_rows must be >= 1 and rate > 0")
     if any(f <= 0 for f in capacity) or step_seconds <= 0 or sample_rate <= 0:
@@ -690,7 +692,7 @@ def run(
         )
         for future in futures.values():
             future.result(15)
-        embedder = build_embedder(LocalEmbedderConfig())
+        embedder = build_embedder(execution_config(execution))
         stack.callback(embedder.close)
         store = EdgeStore(root / "store")
         stack.callback(store.close)
@@ -880,7 +882,7 @@ def run(
                 "catch_up_wait_ms": consumer.catch_up_wait_ms,
                 "behind_ms": consumer.behind_ms,
             },
-            "embedder": embedder.spec.model_version,
+            "embedder": f"{embedder.spec.model_version} ({execution} execution)",
             "store": "qdrant-edge",
             "retrieve": (
                 "gRPC over loopback, SoR verification on, entity-id filter, threshold 0; "
@@ -926,6 +928,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         default=None,
         help="the worker's RAGSTREAM_CONSUMER__CATCH_UP_WAIT_MS (default: as shipped)",
     )
+    parser.add_argument(
+        "--embedder-execution",
+        choices=EXECUTIONS,
+        default="float",
+        help="the local embedder's execution (float-unfused: without its fused attention); "
+        "the bench does not read RAGSTREAM_EMBEDDER__*",
+    )
     args = parser.parse_args(argv)
     with unwind_on_signals():
         report = run(
@@ -940,6 +949,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             sample_rate=args.sample_rate,
             probe_rate=args.probe_rate,
             catch_up_wait_ms=args.catch_up_wait_ms,
+            execution=args.embedder_execution,
         )
     return emit(report)
 

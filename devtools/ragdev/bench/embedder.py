@@ -33,7 +33,16 @@ from ragcore.resources import package_file
 from ragdev.bench.machine import emit
 from ragstream.cli import HelpFormatter
 
-__all__ = ["QUERIES", "compare_batch_sizes", "cut", "passages", "run"]
+__all__ = [
+    "EXECUTIONS",
+    "QUERIES",
+    "Execution",
+    "compare_batch_sizes",
+    "cut",
+    "execution_config",
+    "passages",
+    "run",
+]
 
 _SOURCES = (
     "argparse",
@@ -276,11 +285,16 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+#: The local embedder's executions a bench can measure: `float-unfused` is the float execution
+#: without its fused attention (`RAGSTREAM_EMBEDDER__FUSED_ATTENTION=false`).
 Execution = Literal["float", "float-unfused", "int8"]
-_EXECUTIONS: tuple[Execution, ...] = ("float", "float-unfused", "int8")
+EXECUTIONS: tuple[Execution, ...] = ("float", "float-unfused", "int8")
 
 
-def _config(ex: Execution, batch_size: int, threads: int | None) -> LocalEmbedderConfig:
+def execution_config(
+    ex: Execution, batch_size: int = LocalEmbedderConfig().batch_size, threads: int | None = None
+) -> LocalEmbedderConfig:
+    """The local embedder's settings of one execution (the defaults otherwise)."""
     return LocalEmbedderConfig(
         batch_size=batch_size,
         intra_op_threads=threads,
@@ -326,7 +340,9 @@ def run(
     texts = passages(n, tokenizer)
     lengths = [len(tokenizer.encode(t).ids) for t in texts]  # [CLS] and [SEP] included
 
-    embedders = {ex: LocalOnnxEmbedder(_config(ex, batch_size, threads)) for ex in executions}
+    embedders = {
+        ex: LocalOnnxEmbedder(execution_config(ex, batch_size, threads)) for ex in executions
+    }
     bulk = {ex: [0.0, 0.0] for ex in executions}
     latencies: dict[str, list[float]] = {ex: [] for ex in executions}
     query_cpu = dict.fromkeys(executions, 0.0)
@@ -572,10 +588,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             parser.error("--batch-sizes: one or more sizes >= 1")
         return emit(compare_batch_sizes(args.n, sizes, rounds=args.rounds))
     executions = [e.strip() for e in args.executions.split(",") if e.strip()]
-    unknown = set(executions) - set(_EXECUTIONS)
+    unknown = set(executions) - set(EXECUTIONS)
     if unknown or not executions:
         parser.error(
-            f"--executions: some of {', '.join(_EXECUTIONS)}, not {sorted(unknown) or 'nothing'}"
+            f"--executions: some of {', '.join(EXECUTIONS)}, not {sorted(unknown) or 'nothing'}"
         )
     return emit(
         run(
