@@ -544,7 +544,9 @@ def fit_calibration(
             lexicon=lexicon,
             with_rerank=with_rerank,
         )
-        gathered.append(_Example(query, raw, label_pool(query, raw), names=names))
+        # a threshold-only query never trains the served models (`_split` sets the others)
+        fits = n < len(queries)
+        gathered.append(_Example(query, raw, label_pool(query, raw), names=names, train=fits))
         if (n + 1) % 100 == 0:
             progress(f"{index.collection}: {n + 1}/{len(queries) + len(extra)} calibration queries")
     examples, threshold_only = gathered[: len(queries)], gathered[len(queries) :]
@@ -571,8 +573,6 @@ def fit_calibration(
     # the threshold's extra queries vote too (4x the paraphrases: ~55 alone could not detect
     # a gain of 0.03 nDCG@10 at p < 0.05): a fusion fits nothing, and the served models were
     # not fitted on them, so the evidence order is scored on them as on the held-out share
-    for e in threshold_only:
-        e.train = False
     choice, order_table = _choose_order([*examples, *threshold_only], draft, settings, protect)
     folded_best, folded_answerable = _cross_fitted_best(
         [*examples, *threshold_only], draft, names, settings

@@ -516,11 +516,11 @@ def _collapse(
     """Fold each survivor into the best earlier one whose text it nearly repeats."""
     keep: list[RankedChunk] = []
     kept: list[Signature] = []
-    kept_sizes: list[int] = []
     members: list[list[RankedChunk]] = []
     for chunk, sig in zip(survivors, signatures, strict=True):
         n = len(sig)
-        for i, (other, m) in enumerate(zip(kept, kept_sizes, strict=True)):
+        for i, other in enumerate(kept):
+            m = len(other)
             # Jaccard >= cut needs the smaller set to hold >= cut of the larger: skip the rest
             # (the smaller of the two sizes against the larger, without sorting each pair)
             if (n >= cut * m if n <= m else m >= cut * n) and similarity(sig, other) >= cut:
@@ -529,7 +529,6 @@ def _collapse(
         else:
             keep.append(chunk)
             kept.append(sig)
-            kept_sizes.append(n)
             members.append([])
     out = [
         RankedChunk(c.candidate, c.final, tuple(m)) if m else c

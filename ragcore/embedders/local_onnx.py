@@ -330,10 +330,11 @@ class LocalOnnxEmbedder:
                 )
         elif pinned and self._config.fused_attention:
             data = fused_attention(data, path, _MINILM_HEADS)
-            if sha256_hex(data) != MINILM_FUSED_SHA256:
+            digest = sha256_hex(data)
+            if digest != MINILM_FUSED_SHA256:
                 raise ConfigError(
                     f"{path}: the fused attention rewrite gives other bytes with onnx "
-                    f"{_onnx_version()} (sha256 {sha256_hex(data)}, expected "
+                    f"{_onnx_version()} (sha256 {digest}, expected "
                     f"{MINILM_FUSED_SHA256}, written with onnx 1.23.2): install that version, "
                     "or set fused_attention false (RAGSTREAM_EMBEDDER__KIND=local and "
                     "RAGSTREAM_EMBEDDER__FUSED_ATTENTION=false)"
