@@ -34,15 +34,24 @@ def lazy_attributes(
     return getattr_
 
 
-def kind_union(from_modules: Mapping[str, str], *names: str) -> Callable[[], Any]:
+def kind_union(
+    from_modules: Mapping[str, str], *names: str, default: str | None = None
+) -> Callable[[], Any]:
     """A `computed` builder of the union of the config classes `names` (each imported from its
-    module in `from_modules` only when built), told apart by their `kind` field: what settings
-    validate an adapter's config with."""
+    module in `from_modules` only when built), told apart by their `kind` field, `default`
+    when a mapping has none (`ragcore.kinds.missing_kind`): what settings validate an
+    adapter's config with."""
 
     def build() -> Any:
         from pydantic import Field  # noqa: PLC0415 - only needed with the adapters
 
+        from ragcore.kinds import missing_kind  # noqa: PLC0415 - imports pydantic
+
         classes = [getattr(importlib.import_module(from_modules[n]), n) for n in names]
-        return Annotated[functools.reduce(operator.or_, classes), Field(discriminator="kind")]
+        return Annotated[
+            functools.reduce(operator.or_, classes),
+            Field(discriminator="kind"),
+            missing_kind(default, *classes),
+        ]
 
     return build

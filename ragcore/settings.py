@@ -19,12 +19,17 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ragcore.embedders.local_onnx import LocalEmbedderConfig
 from ragcore.embedders.openai_http import OpenAIEmbedderConfig
 from ragcore.kafka_config import MASK, KafkaSettings, is_secret_key
+from ragcore.kinds import missing_kind
 from ragcore.plan import PlanConfig
 from ragcore.prepare import ChunkingSettings
 from ragcore.store.base import Placement
 
+#: The embedder's adapter, told apart by `kind`; without one, the local embedder (so
+#: `RAGSTREAM_EMBEDDER__EXECUTION=int8` alone configures the default embedder).
 EmbedderSettings = Annotated[
-    LocalEmbedderConfig | OpenAIEmbedderConfig, Field(discriminator="kind")
+    LocalEmbedderConfig | OpenAIEmbedderConfig,
+    Field(discriminator="kind"),
+    missing_kind("local", LocalEmbedderConfig, OpenAIEmbedderConfig),
 ]
 
 

@@ -8,6 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from ragcore.kinds import missing_kind
 from ragcore.rerankers.http import HttpRerankerConfig
 from ragcore.rerankers.onnx_cross_encoder import OnnxRerankerConfig
 from ragcore.settings import ServiceSettings
@@ -15,7 +16,11 @@ from retrieval_api.admission import AdmissionSettings
 from retrieval_api.pipeline_settings import RetrievalConfig
 
 #: The reranker stage's adapter, told apart by `kind` ("http" | "onnx").
-RerankerSettings = Annotated[HttpRerankerConfig | OnnxRerankerConfig, Field(discriminator="kind")]
+RerankerSettings = Annotated[
+    HttpRerankerConfig | OnnxRerankerConfig,
+    Field(discriminator="kind"),
+    missing_kind(None, HttpRerankerConfig, OnnxRerankerConfig),
+]
 
 
 #: A connection's age before the server asks its client to reconnect, with several server

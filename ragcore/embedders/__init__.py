@@ -94,7 +94,9 @@ __getattr__ = lazy_attributes(
     __name__,
     _LAZY,
     {
-        "EmbedderConfig": kind_union(_LAZY, "LocalEmbedderConfig", "OpenAIEmbedderConfig"),
+        "EmbedderConfig": kind_union(
+            _LAZY, "LocalEmbedderConfig", "OpenAIEmbedderConfig", default="local"
+        ),
         "embedder_config_adapter": _config_adapter,
     },
 )

@@ -22,6 +22,7 @@ from ragcore.embedders import (
     embedder_config_adapter,
 )
 from ragcore.errors import ConfigError
+from ragcore.settings import ServiceSettings
 
 
 @pytest.mark.unit
@@ -36,6 +37,22 @@ def test_config_is_discriminated_by_kind() -> None:
         embedder_config_adapter.validate_python({"kind": "torch"})
     with pytest.raises(ValidationError):
         embedder_config_adapter.validate_python({"kind": "local", "bogus": 1})
+
+
+@pytest.mark.unit
+def test_a_config_without_a_kind_is_the_local_embedder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Setting one field of the default embedder does not also need its kind (pydantic's bare
+    discriminator refused that with "Unable to extract tag using discriminator 'kind'")."""
+    local = embedder_config_adapter.validate_python({"execution": "int8"})
+    assert local == LocalEmbedderConfig(execution="int8")
+    monkeypatch.delenv("RAGSTREAM_EMBEDDER__KIND", raising=False)
+    monkeypatch.setenv("RAGSTREAM_EMBEDDER__FUSED_ATTENTION", "false")
+    monkeypatch.setenv("RAGSTREAM_NEXT_EMBEDDER__EXECUTION", "int8")
+    settings = ServiceSettings()
+    assert settings.embedder == LocalEmbedderConfig(fused_attention=False)
+    assert settings.next_embedder == LocalEmbedderConfig(execution="int8")
+    with pytest.raises(ValidationError, match="'local', 'openai'"):
+        embedder_config_adapter.validate_python({"kind": "torch"})
 
 
 @pytest.mark.unit

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from prometheus_client import CollectorRegistry
 
 from ragcore.errors import ConfigError
@@ -46,6 +47,20 @@ def test_reranker_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert isinstance(settings.reranker, HttpRerankerConfig)
     assert settings.reranker.url == "http://rerank:8080/v1/rerank"
     assert "rk-env-secret" not in repr(settings)
+
+
+def test_a_reranker_without_a_kind_is_refused_with_the_field_and_its_choices_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RAGSTREAM_RERANKER__KIND", raising=False)
+    monkeypatch.setenv("RAGSTREAM_RERANKER__MODEL_DIR", "/models/ms-marco-MiniLM-L-6-v2")
+    with pytest.raises(ValidationError) as refused:
+        RetrieveSettings()
+    message = str(refused.value)
+    assert "reranker" in message
+    assert "'kind' is missing" in message
+    assert "'http', 'onnx'" in message
+    assert "Unable to extract tag" not in message
 
 
 def test_rerank_enabled_without_a_reranker_is_a_config_error_before_anything_starts() -> None:
