@@ -621,12 +621,35 @@ def test_fused_attention_is_the_pinned_rewrite_and_the_switch_turns_it_off(
 
 
 @pytest.mark.unit
-def test_fused_bytes_other_than_the_pinned_ones_are_refused(
+def test_fused_bytes_other_than_the_pinned_ones_run_when_their_vectors_are_the_same(
+    monkeypatch: pytest.MonkeyPatch, embedder: LocalOnnxEmbedder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another onnx version may serialize the same rewrite to other bytes: the pin no longer
+    vouches for it, the probe texts' vectors do (a warning names both digests)."""
+    monkeypatch.setattr(local_onnx, "MINILM_FUSED_SHA256", "0" * 64)
+    with caplog.at_level("WARNING", logger=local_onnx.__name__):
+        other = LocalOnnxEmbedder()
+    try:
+        assert "gives other bytes than pinned" in caplog.text and "0" * 64 in caplog.text
+        assert "the same vectors (max deviation" in caplog.text
+        texts = SAMPLES[:6]
+        assert np.array_equal(other.embed_documents(texts), embedder.embed_documents(texts))
+    finally:
+        other.close()
+
+
+@pytest.mark.unit
+def test_fused_bytes_other_than_the_pinned_ones_with_other_vectors_are_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Another onnx version may serialize the rewrite to other bytes: refused, as for int8."""
-    monkeypatch.setattr(local_onnx, "fused_attention", lambda data, _path, _heads: data + b" ")
-    with pytest.raises(ConfigError, match=r"fused attention rewrite gives other bytes with onnx"):
+    """A rewrite that computes something else (here: the int8 graph, ~1e-2 away) under the
+    same model version fails the load, naming the deviation and the switch."""
+    monkeypatch.setattr(
+        local_onnx, "fused_attention", lambda data, path, _heads: int8_dynamic(data, path)
+    )
+    with pytest.raises(
+        ConfigError, match=r"other vectors \(max deviation .* > 1e-05\).*FUSED_ATTENTION=false"
+    ):
         LocalOnnxEmbedder()
     LocalOnnxEmbedder(LocalEmbedderConfig(fused_attention=False)).close()
 
