@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
 
 from ragcore.errors import ConfigError
 from ragcore.rerankers.http import HttpRerankerConfig
