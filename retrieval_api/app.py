@@ -17,7 +17,7 @@ from ragcore.errors import ConfigError, RagstreamError
 from ragcore.publish import KafkaPublisher, Publisher
 from ragcore.rerankers import build_reranker
 from ragcore.sor.base import SystemOfRecord
-from ragcore.store.base import VectorStore
+from ragcore.store.base import Placement, VectorStore
 from ragcore.store.registry import IndexRegistry
 from ragcore.tracing import Tracing
 from ragcore.wiring import Closable, build_core
@@ -188,6 +188,32 @@ def build_app(
     return app
 
 
+def warm_calibrations(app: RetrieveApp) -> threading.Event:
+    """Start loading the calibrations `retrieval.warm_calibrations` names in a background
+    thread (requests are served meanwhile; one for an index being loaded waits for that one
+    load, as before); set the returned event to stop it between indexes."""
+    stop = threading.Event()
+    mode = app.settings.retrieval.warm_calibrations
+    if mode == "none":
+        return stop
+    placements: tuple[Placement, ...] = (
+        ("dedicated",) if mode == "dedicated" else ("dedicated", "shared")
+    )
+
+    def run() -> None:
+        started = time.monotonic()
+        warmed = app.retriever.search.warm(placements, stop)
+        log.info(
+            "calibrations of %d %s index version(s) loaded ahead of their requests in %.1f s",
+            warmed,
+            mode,
+            time.monotonic() - started,
+        )
+
+    threading.Thread(target=run, name="calibration-warm", daemon=True).start()
+    return stop
+
+
 async def serve(app: RetrieveApp, on_start: Callable[[int], None] | None = None) -> None:
     """Serve until SIGTERM/SIGINT, then shut down gracefully; SIGHUP reloads the credentials
     and quotas; `on_start` gets the bound port once the server serves."""
@@ -200,7 +226,9 @@ async def serve(app: RetrieveApp, on_start: Callable[[int], None] | None = None)
     log.info("Retrieve serving on %s:%d", app.settings.grpc.host, app.server.port)
     if on_start is not None:
         on_start(app.server.port)
+    warming = warm_calibrations(app)
     await stop.wait()
+    warming.set()
     log.info("shutting down: draining in-flight requests")
     await app.server.stop()
 

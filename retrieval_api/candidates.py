@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 from ragcore.errors import ManifestMismatchError, RagstreamError
 from ragcore.fusion import FusedHit
 from ragcore.sparse import Bm25Encoder, Bm25Scorer, LexicalQuery, LexiconStats
-from ragcore.store.base import ScoredHit, SparseVector, StoreFilter, VectorStore
+from ragcore.store.base import Placement, ScoredHit, SparseVector, StoreFilter, VectorStore
 from ragcore.store.registry import IndexRegistry, ResolvedIndex
 from retrieval_api.evidence_score import (
     CalibrationError,
@@ -238,6 +238,36 @@ class CandidateSearch:
             calibration, ttl = self._load(index)
             self._keep(collection, generation, _Cached(calibration, now, ttl))
             return calibration
+
+    def warm(self, placements: Collection[Placement], stop: threading.Event) -> int:
+        """Load the calibration of every tenant's active index version placed as one of
+        `placements`, until `stop` is set, so its first request does not wait for the load (a
+        never-calibrated index's prior counts all its texts); returns how many were loaded.
+        An index that cannot be loaded is logged and left to its requests, which fail as they
+        would have without this."""
+        warmed = 0
+        for tenant in self._registry.list_tenants():
+            if stop.is_set():
+                break
+            try:
+                if self._registry.active_version(tenant) is None:
+                    continue
+                index = self._registry.lookup(tenant, None)
+                if index.manifest.placement not in placements:
+                    continue
+                self.calibration(index)
+            except RagstreamError as exc:
+                if stop.is_set():
+                    break  # shutting down: the store may be closing under the scan
+                log.warning(
+                    "calibration of tenant %s not loaded ahead of its requests: [%s] %s",
+                    tenant,
+                    exc.code,
+                    exc,
+                )
+                continue
+            warmed += 1
+        return warmed
 
     def _refresh_in_background(self, index: ResolvedIndex) -> None:
         """Start the one reload of an expired entry (the caller holds `_lock`)."""

@@ -164,6 +164,13 @@ class RetrievalConfig(BaseModel):
         allow_inf_nan=False,
         description="How long a loaded calibration is used before the registry is read again.",
     )
+    warm_calibrations: Literal["none", "dedicated", "all"] = Field(
+        default="dedicated",
+        description="At start, load in the background the evidence calibration of each active "
+        "index version with a collection of its own (dedicated: the large tenants; all: shared "
+        "tenants too), so a first request does not wait for it (an uncalibrated 100k-chunk "
+        "index's prior counts all its texts: ~13 s on 2 cores). none: on first request.",
+    )
     # Legacy score kinds (a cosine or a reranker's score as the final score); the pipeline
     # thresholds the evidence score. hard 0.30: the cosine cut of the seed's golden-set floor.
     cosine_thresholds: ThresholdConfig = ThresholdConfig(hard=0.30, medium=0.40, high=0.60)

@@ -53,7 +53,7 @@ from ragdev.sor.postgres_writer import PostgresWriter
 from ragdev.stack import DEV_PLAN, STACK_FILE
 from ragstream.query import QueryError, print_pack, query
 from ragstream.reindex import calibrate_with
-from retrieval_api.app import build_app
+from retrieval_api.app import build_app, warm_calibrations
 from retrieval_api.retriever import Retriever
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from streams.app import build_worker
@@ -532,6 +532,7 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await app.server.start()
+    warming = warm_calibrations(app)
     print(
         f"\nragstream is up ({time.monotonic() - started:.1f}s):\n"
         f"  gRPC Retrieve   127.0.0.1:{ports.grpc}  (ragstream.retrieval.v1.RetrievalService)\n"
@@ -568,4 +569,5 @@ async def _serve(
         await stop.wait()
         print("\nshutting down...", flush=True)
     finally:
+        warming.set()
         await app.server.stop()

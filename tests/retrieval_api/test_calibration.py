@@ -25,6 +25,7 @@ from ragcore.quality.dataset import EvalEntity, EvalQuery, EvalSet, QueryKind
 from ragcore.quality.metrics import Status
 from ragcore.settings import StoreSettings
 from ragcore.sparse import Bm25Encoder
+from ragcore.store.base import Placement
 from ragcore.store.edge import EdgeStore
 from ragcore.store.registry import FileIndexRegistry, ResolvedIndex
 from ragdev.eval.configs import DEFAULT_CONFIGS
@@ -440,3 +441,60 @@ def test_a_load_that_began_before_forget_is_not_cached(
     # the stale reload was discarded: the next request loads anew
     assert search.calibration(resolved) is not first
     assert after == [resolved.version]
+
+
+def test_warming_loads_each_calibration_of_the_placements_asked_for_once(
+    index: tuple[EdgeStore, FileIndexRegistry, ResolvedIndex], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retrieve loads calibrations at start (`warm_calibrations`) so a first request does not
+    wait for a never-calibrated index's scan; the requests then find them loaded."""
+    store, registry, resolved = index
+    assert resolved.manifest.placement == "dedicated"  # an engine collection of its own
+    search = CandidateSearch(
+        config=RetrievalConfig(), encoder=Bm25Encoder(), store=store, registry=registry
+    )
+    loads: list[str] = []
+    real = registry.load_calibration
+
+    def counted(tenant: str, version: int) -> str | None:
+        loads.append(tenant)
+        return real(tenant, version)
+
+    monkeypatch.setattr(registry, "load_calibration", counted)
+    active = sorted(t for t in registry.list_tenants() if registry.active_version(t) is not None)
+    assert active
+    shared: tuple[Placement, ...] = ("shared",)
+    dedicated: tuple[Placement, ...] = ("dedicated",)
+    assert search.warm(shared, threading.Event()) == 0 and loads == []
+    stopped = threading.Event()
+    stopped.set()
+    assert search.warm(("dedicated", "shared"), stopped) == 0 and loads == []
+    assert search.warm(dedicated, threading.Event()) == len(active)
+    assert sorted(loads) == active
+    assert search.calibration(resolved).source == "prior"
+    assert sorted(loads) == active  # the request found it loaded
+
+
+def test_an_index_that_cannot_be_warmed_is_logged_and_left_to_its_requests(
+    index: tuple[EdgeStore, FileIndexRegistry, ResolvedIndex],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store, registry, resolved = index
+    search = CandidateSearch(
+        config=RetrievalConfig(), encoder=Bm25Encoder(), store=store, registry=registry
+    )
+    real = registry.load_calibration
+
+    def unusable_for_acme(tenant: str, version: int) -> str | None:
+        return "{not json" if tenant == "acme" else real(tenant, version)
+
+    monkeypatch.setattr(registry, "load_calibration", unusable_for_acme)
+    active = [t for t in registry.list_tenants() if registry.active_version(t) is not None]
+    with caplog.at_level("WARNING", logger="retrieval_api.candidates"):
+        warmed = search.warm(("dedicated", "shared"), threading.Event())
+    assert warmed == len(active) - 1
+    assert "calibration of tenant acme not loaded ahead of its requests" in caplog.text
+    assert "unusable" in caplog.text
+    with pytest.raises(CalibrationMismatchError, match="unusable"):
+        search.calibration(resolved)  # its request fails as it would have

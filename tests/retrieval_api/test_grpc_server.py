@@ -16,6 +16,8 @@ from ragcore.grpc_codes import SERVER_ERROR_CODES
 from ragcore.store.base import Placement
 from ragcore.store.tiered import TieredStore
 from ragdev.services.postgres import PostgresCluster
+from retrieval_api.app import warm_calibrations
+from retrieval_api.pipeline_settings import RetrievalConfig
 from schemas.entities import ContentFormat
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from tests.retrieval_api.stack import Stack, bearer
@@ -307,3 +309,41 @@ def test_near_duplicates_collapse_and_context_fits_the_token_budget(stack: Stack
     assert used == budget.token_budget_used
     assert any(c.action == pb.BUDGET_ACTION_CONTEXT_TRUNCATED for c in budget.cuts)
     assert "context" in pack.timings_ms
+
+
+@pytest.mark.parametrize(
+    "case", [("dedicated", "dedicated", 2), ("shared", "dedicated", 0), ("shared", "all", 2)]
+)
+def test_retrieve_loads_the_calibrations_asked_for_ahead_of_their_requests(
+    case: tuple[Placement, str, int],
+    postgres: PostgresCluster,
+    tmp_path: Path,
+    embedder: LocalOnnxEmbedder,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`retrieval.warm_calibrations` (default: dedicated): after the server starts, a
+    background thread loads the calibrations of the large tenants' indexes (a never-calibrated
+    one's prior scans all its texts), while requests are served."""
+    placement, mode, warmed = case
+    stack = Stack(
+        postgres.dsn,
+        tmp_path / "store",
+        embedder,
+        placement=placement,
+        retrieval=RetrievalConfig(warm_calibrations=mode),  # type: ignore[arg-type]
+    )
+    try:
+        stack.write("ent-c", "acme", VPN)
+        stack.write("ent-g", "globex", PUMP)
+        with caplog.at_level("INFO", logger="retrieval_api.app"):
+            warming = warm_calibrations(stack.app)
+            mine = stack.retrieve("acme", "E-1042")  # served while it warms
+            deadline = time.monotonic() + 60
+            while "loaded ahead of their requests" not in caplog.text:
+                assert time.monotonic() < deadline, "the warm-up never finished"
+                time.sleep(0.05)
+        warming.set()
+        assert f"calibrations of {warmed} {mode} index version(s) loaded" in caplog.text
+        assert mine.results and mine.results[0].entity_id == eid("ent-c")
+    finally:
+        stack.close()
