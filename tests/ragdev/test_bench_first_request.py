@@ -5,36 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from ragcore.embedders.local_onnx import LocalEmbedderConfig, LocalOnnxEmbedder
 from ragcore.errors import ConfigError
-from ragcore.plan import PlanConfig
-from ragcore.store.edge import EdgeStore
-from ragcore.wiring import payload_schema
 from ragdev.bench.first_request import measure
-from ragdev.bench.retrieve import WINDOW, _build
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
+from tests.ragdev.bench_index import build_small_bench_index
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_each_mode_reports_the_first_two_requests(tmp_path: Path) -> None:
-    store = EdgeStore(tmp_path / "store", schema=payload_schema(PlanConfig()))
-    embedder = LocalOnnxEmbedder(LocalEmbedderConfig())
-    try:
-        _build(
-            tmp_path,
-            store,
-            embedder,
-            points=200,
-            n_sentences=2 * WINDOW,
-            rng=np.random.default_rng(0),
-        )
-    finally:
-        embedder.close()
-        store.close()
+    build_small_bench_index(tmp_path)
     for mode in ("none", "dedicated"):
         report = measure(tmp_path, mode, after_s=0.5, timeout_s=30)
         assert report["warm_calibrations"] == mode and report["ready_s"] > 0

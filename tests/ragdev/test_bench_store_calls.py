@@ -5,34 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from ragcore.embedders.local_onnx import LocalEmbedderConfig, LocalOnnxEmbedder
-from ragcore.plan import PlanConfig
-from ragcore.store.edge import EdgeStore
-from ragcore.wiring import payload_schema
-from ragdev.bench.retrieve import WINDOW, _build
 from ragdev.bench.store_calls import run
+from tests.ragdev.bench_index import build_small_bench_index
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_each_side_of_a_hosted_search_is_reported(tmp_path: Path) -> None:
-    store = EdgeStore(tmp_path / "store", schema=payload_schema(PlanConfig()))
-    embedder = LocalOnnxEmbedder(LocalEmbedderConfig())
-    try:
-        _build(
-            tmp_path,
-            store,
-            embedder,
-            points=200,
-            n_sentences=2 * WINDOW,
-            rng=np.random.default_rng(0),
-        )
-    finally:
-        embedder.close()
-        store.close()
+    build_small_bench_index(tmp_path)
     retrieve = run(tmp_path, call="retrieve", call_kwargs={}, queries=20, rounds=1)
     floor = run(tmp_path, call="floor", call_kwargs={}, queries=20, rounds=1)
     assert retrieve["kwargs"]["sparse_dense_scores"] is True
