@@ -109,9 +109,7 @@ def test_calibration_is_fitted_from_the_index_stored_with_it_and_reproducible(
     index: tuple[EdgeStore, FileIndexRegistry, ResolvedIndex], embedder: LocalOnnxEmbedder
 ) -> None:
     store, registry, resolved = index
-    search = CandidateSearch(
-        config=RetrievalConfig(), encoder=Bm25Encoder(), store=store, registry=registry
-    )
+    search = _search(index)
     prior = search.calibration(resolved)
     assert prior.source == "prior"  # never calibrated yet
     # the default order is the calibrated one; the prior's order was chosen on another corpus
@@ -204,10 +202,8 @@ def test_the_calibration_equals_the_one_of_the_direct_computation(
     pool, the threshold scan by bisection) change nothing: the stored calibration, report
     included, is the one of one `embed_query` per query, the features recomputed for every
     model and `pool_evidence` (docs/decisions/abstention-threshold.md, cost)."""
-    store, registry, resolved = index
-    search = CandidateSearch(
-        config=RetrievalConfig(), encoder=Bm25Encoder(), store=store, registry=registry
-    )
+    store, _, resolved = index
+    search = _search(index)
     settings = CalibrationSettings(positives=40, negatives=40, seed=2)
     fitted_at = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -299,15 +295,21 @@ def test_showcase_identifier_query_returns_a_chunk_holding_the_identifier_first(
         assert set(apart.top_entities[:3]) == {"release-0", "release-1", "release-2"}, apart
 
 
+def _search(index: tuple[EdgeStore, FileIndexRegistry, ResolvedIndex]) -> CandidateSearch:
+    """A search over the fixture's index with the default configuration."""
+    store, registry, _ = index
+    return CandidateSearch(
+        config=RetrievalConfig(), encoder=Bm25Encoder(), store=store, registry=registry
+    )
+
+
 def test_a_burst_of_cold_requests_loads_a_calibration_once(
     index: tuple[EdgeStore, FileIndexRegistry, ResolvedIndex], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Found by the multi-process benchmark: 16 cold requests each scanned the whole index for
     the prior and all missed their deadlines. Concurrent misses now wait for one load."""
-    store, registry, resolved = index
-    search = CandidateSearch(
-        config=RetrievalConfig(), encoder=Bm25Encoder(), store=store, registry=registry
-    )
+    _, registry, resolved = index
+    search = _search(index)
     loads: list[int] = []
     real = registry.load_calibration
 
@@ -448,11 +450,9 @@ def test_warming_loads_each_calibration_of_the_placements_asked_for_once(
 ) -> None:
     """Retrieve loads calibrations at start (`warm_calibrations`) so a first request does not
     wait for a never-calibrated index's scan; the requests then find them loaded."""
-    store, registry, resolved = index
+    _, registry, resolved = index
     assert resolved.manifest.placement == "dedicated"  # an engine collection of its own
-    search = CandidateSearch(
-        config=RetrievalConfig(), encoder=Bm25Encoder(), store=store, registry=registry
-    )
+    search = _search(index)
     loads: list[str] = []
     real = registry.load_calibration
 
@@ -480,10 +480,8 @@ def test_an_index_that_cannot_be_warmed_is_logged_and_left_to_its_requests(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    store, registry, resolved = index
-    search = CandidateSearch(
-        config=RetrievalConfig(), encoder=Bm25Encoder(), store=store, registry=registry
-    )
+    _, registry, resolved = index
+    search = _search(index)
     real = registry.load_calibration
 
     def unusable_for_acme(tenant: str, version: int) -> str | None:
