@@ -232,10 +232,27 @@ class LivePrometheus:
         while not done():
             if time.monotonic() - began > timeout:
                 raise AssertionError(
-                    f"{alert} did not {what} within {timeout}s; active: {self.alerts()}"
+                    f"{alert} did not {what} within {timeout}s; active: {self.alerts()}; "
+                    f"its rule: {self.rule_state(alert)}; targets: {self.target_health()}"
                 )
             time.sleep(0.5)
         return time.monotonic() - began
+
+    def rule_state(self, alert: str) -> list[dict[str, Any]]:
+        """The alert rule's own view (state, health, last error, last evaluation): why an
+        alert did not fire when the failure message needs it."""
+        groups = self.api("rules", type="alert")["groups"]
+        keys = ("state", "health", "lastError", "lastEvaluation", "evaluationTime")
+        return [
+            {k: r.get(k) for k in keys} for g in groups for r in g["rules"] if r["name"] == alert
+        ]
+
+    def target_health(self) -> list[dict[str, Any]]:
+        """Each scrape target's health, last error and last scrape duration (a target whose
+        scrapes time out drops its series, which resets every `for:` that reads them)."""
+        active = self.api("targets", state="active")["activeTargets"]
+        keys = ("scrapeUrl", "health", "lastError", "lastScrapeDuration")
+        return [{k: t.get(k) for k in keys} for t in active]
 
     def stop(self) -> None:
         """Terminate the process (kill after 10 s) and close its log."""

@@ -510,13 +510,17 @@ def test_fault_fires_its_alerts_and_recovery_resolves_them(
         prom.wait_resolved(alert, timeout=60)  # a previous scenario's tail has passed
     recover = SCENARIOS[alerts[0]].inject(live.stack)
     try:
-        fired = [prom.wait_firing(a, SCENARIOS[a].labels, timeout=90) for a in alerts]
+        try:
+            fired = [prom.wait_firing(a, SCENARIOS[a].labels, timeout=90) for a in alerts]
+        finally:
+            recover()
+        resolved = [prom.wait_resolved(a, timeout=90) for a in alerts]
     finally:
-        recover()
-    resolved = [prom.wait_resolved(a, timeout=90) for a in alerts]
-    for cleanup in live.stack.cleanups:
-        cleanup()
-    live.stack.cleanups.clear()
+        # even after a failure: a scenario's leftovers (the stalled worker owns partitions)
+        # would otherwise keep the next scenario's alert from firing
+        for cleanup in live.stack.cleanups:
+            cleanup()
+        live.stack.cleanups.clear()
     for alert, up, down in zip(alerts, fired, resolved, strict=True):
         print(f"{alert} ({SCENARIOS[alert].fault}): fired in {up:.1f}s, resolved in {down:.1f}s")
 
