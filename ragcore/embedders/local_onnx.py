@@ -90,7 +90,7 @@ MINILM_INT8_SHA256 = "aa42cbd88e66574987b221a7e1971f44006ba3a5914e5bbb7f2625ec79
 #: sha256 of the pinned float graph with its attention fused (`fused_attention`, rewritten by
 #: onnx 1.23.2). Its vectors differ from the unfused graph's by <= 2e-7 (rounding, as between
 #: CPUs), so it stays MINILM_SPEC (docs/decisions/cpu-on-the-hot-paths.md); other bytes
-#: from another onnx version are refused at load.
+#: from another onnx version run only when their vectors match (`FUSED_TOLERANCE`).
 MINILM_FUSED_SHA256 = "2346d36e7a0c7075aded3cfd28d4adf57ea21269e629733ccf72449df94bc553"
 #: Largest difference of a vector component allowed between a rewrite the pin does not name
 #: and the export (`_check_fused_numerically`): the pinned rewrite differs by <= 1.4e-7
