@@ -13,6 +13,9 @@ Two halves, one tokenizer:
   from the index by `LexiconStats.build` (at calibration time, stored with the index). The
   same pass gives the per-query normalisation (the score divided by the query's summed IDF),
   the IDF-weighted query-term coverage and the identifier matches that the evidence score uses.
+  A chunk's term counts are stored in its payload when it is written (`TERM_COUNTS`,
+  `Bm25Encoder.encode_chunk`), so Retrieve reads them instead of tokenizing ~40 candidate texts
+  a request; a chunk written without them (or by another tokenization) has its text counted.
 
 Tokens map to indices through a stable 31-bit hash (blake2b), never Python's salted `hash()`:
 the same token must get the same index in every process, forever. Changing the tokenizer or the
@@ -29,6 +32,7 @@ the parts of identifiers are reduced to their Snowball stem (PyStemmer, English 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import math
 import re
@@ -46,6 +50,12 @@ import Stemmer  # type: ignore[import-not-found]
 from numpy.typing import NDArray
 
 from ragcore.store.base import SparseVector
+
+#: The payload key of a chunk's stored term counts (`Bm25Encoder.stored_counts`): written with
+#: the chunk, so Retrieve's exact BM25 need not tokenize the text of every candidate.
+TERM_COUNTS = "bm25_terms"
+# The stored counts' format (`TermCounts.to_bytes`): bump when it changes.
+_COUNTS_FORMAT = "t1"
 
 #: Bump when tokenization or hashing changes: it is part of `Bm25Encoder.model_version`.
 #: 2: Snowball stemming of words and identifier parts.
@@ -182,6 +192,65 @@ class Word:
     identifier: bool
 
 
+_HEADER = np.dtype("<u4")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TermCounts:
+    """How often each token index occurs in a text (`indices` sorted and unique, `counts`
+    aligned), and the text's BM25 length: its surface words that have tokens.
+
+    Tokens are counted by their sparse index (`token_index`), as the engine's vectors and
+    `LexiconStats` count them: two tokens whose 31-bit indices collide count as one."""
+
+    indices: NDArray[np.uint32]
+    counts: NDArray[np.uint32]
+    length: int
+
+    @classmethod
+    def of(cls, counts: Mapping[int, int], length: int) -> TermCounts:
+        """From {token index: count}."""
+        indices = sorted(counts)
+        return cls(
+            np.array(indices, dtype=np.uint32),
+            np.array([counts[i] for i in indices], dtype=np.uint32),
+            length,
+        )
+
+    def to_bytes(self) -> bytes:
+        """Little-endian u32s: the length, the number of indices, the indices, the counts."""
+        header = np.array([self.length, len(self.indices)], dtype=_HEADER)
+        return b"".join(
+            (
+                header.tobytes(),
+                self.indices.astype("<u4").tobytes(),
+                self.counts.astype("<u4").tobytes(),
+            )
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TermCounts:
+        """The inverse of `to_bytes`; ValueError when the sizes do not add up."""
+        if len(data) < 8 or len(data) % 4:
+            raise ValueError(f"stored term counts: {len(data)} bytes is no whole record")
+        words = np.frombuffer(data, dtype=_HEADER)
+        length, n = int(words[0]), int(words[1])
+        if len(words) != 2 + 2 * n:
+            raise ValueError(
+                f"stored term counts: {n} terms need {8 + 8 * n} bytes, got {len(data)}"
+            )
+        # views of `data` (read-only), no copies
+        return cls(
+            words[2 : 2 + n].astype(np.uint32, copy=False),
+            words[2 + n :].astype(np.uint32, copy=False),
+            length,
+        )
+
+    def to_mapping(self) -> dict[int, int]:
+        """{token index: count}."""
+        return dict(zip(self.indices.tolist(), self.counts.tolist(), strict=True))
+
+
 class Bm25Encoder:
     """Tokenizes text and encodes documents and queries as sparse vectors."""
 
@@ -193,6 +262,8 @@ class Bm25Encoder:
         self._word_tokens = lru_cache(maxsize=1 << 17)(self._tokens_of)
         self._word_indices = lru_cache(maxsize=1 << 17)(self._indices_of)
         self._word_tokens_of_surface = lru_cache(maxsize=1 << 17)(self._surface_tokens_of)
+        fingerprint = hashlib.blake2b(self.model_version.encode("utf-8"), digest_size=4)
+        self._counts_tag = f"{_COUNTS_FORMAT}.{fingerprint.hexdigest()}:"
 
     @property
     def model_version(self) -> str:
@@ -244,17 +315,23 @@ class Bm25Encoder:
         token)."""
         return tuple(token_index(t) for t in self._word_tokens_of_surface(surface_word))
 
-    def counts(self, text: str) -> tuple[Counter[str], int]:
-        """Token counts and surface length of a text (cached: Retrieve scores the same chunks
-        again and again; treat the Counter as read-only)."""
+    def term_counts(self, text: str) -> TermCounts:
+        """How often each token index occurs in `text`, and its length (cached: Retrieve
+        counts the texts of chunks stored without their counts, the same ones again and
+        again)."""
         return self._counts(text)
 
-    def _count(self, text: str) -> tuple[Counter[str], int]:
-        # `surface(text, identifiers=False)` without its `Word` objects (Retrieve's exact BM25
-        # counts every candidate's text on a cache miss): every step runs in C (the regex, the
-        # memo of each word's tokens through `map`, the Counter); a stopword's tokens are ()
-        per_word = list(map(self._word_tokens_of_surface, _words(text)))
-        return Counter(chain.from_iterable(per_word)), len(per_word) - per_word.count(())
+    def count_terms(self, text: str) -> TermCounts:
+        """`term_counts` without the cache (a scan over a whole index)."""
+        return self._count(text)
+
+    def _count(self, text: str) -> TermCounts:
+        # `surface(text, identifiers=False)` without its `Word` objects: every step runs in C
+        # (the regex, the memo of each word's indices through `map`, the Counter); a stopword's
+        # indices are ()
+        per_word = list(map(self._word_indices, _words(text)))
+        counts = Counter(chain.from_iterable(per_word))
+        return TermCounts.of(counts, len(per_word) - per_word.count(()))
 
     def words(self, text: str) -> list[list[str]]:
         """Surface words (lowercased, stemmed), each with its derived tokens: [whole, part...]."""
@@ -271,18 +348,51 @@ class Bm25Encoder:
     def encode_document(self, text: str) -> SparseVector:
         """BM25 document weights; the document length is its number of surface words (those
         with tokens: the words of `surface`)."""
-        per_word = [self._word_indices(w) for w in _words(text)]
-        per_word = [indices for indices in per_word if indices]
-        if not per_word:
+        return self.document_vector(self._count(text))
+
+    def encode_chunk(self, text: str) -> tuple[SparseVector, str]:
+        """A chunk's engine vector (`encode_document`) and its term counts as stored in its
+        payload (`TERM_COUNTS`), from one pass over the text."""
+        counts = self._count(text)
+        return self.document_vector(counts), self.stored_counts(counts)
+
+    def document_vector(self, counts: TermCounts) -> SparseVector:
+        """The engine vector of a text from its term counts (`encode_document`)."""
+        if not counts.length:
             return SparseVector((), ())
-        counts = Counter(chain.from_iterable(per_word))
         # bm25_weight with its constants hoisted out of the loop (same arithmetic)
         c = self.config
         k1_plus_1 = c.k1 + 1.0
-        k1_norm = c.k1 * (1.0 - c.b + c.b * float(len(per_word)) / c.avgdl)
-        return SparseVector.from_mapping(
-            {index: tf * k1_plus_1 / (tf + k1_norm) for index, tf in counts.items()}
+        k1_norm = c.k1 * (1.0 - c.b + c.b * float(counts.length) / c.avgdl)
+        return SparseVector(
+            tuple(counts.indices.tolist()),
+            tuple(tf * k1_plus_1 / (tf + k1_norm) for tf in counts.counts.tolist()),
         )
+
+    @property
+    def counts_tag(self) -> str:
+        """The prefix of the term counts this encoder stores (`stored_counts`): their format
+        and a fingerprint of `model_version`, so counts made by another tokenization are never
+        read as this one's."""
+        return self._counts_tag
+
+    def stored_counts(self, counts: TermCounts) -> str:
+        """Term counts as a payload string (`TERM_COUNTS`): `counts_tag`, then the base64 of
+        `TermCounts.to_bytes`."""
+        return self._counts_tag + base64.b64encode(counts.to_bytes()).decode("ascii")
+
+    def read_counts(self, value: object) -> TermCounts | None:
+        """The term counts of a payload's `TERM_COUNTS` value; None when there is none or it
+        was stored by another tokenization or format (count the text then). ValueError when
+        the value carries this encoder's tag but cannot be read."""
+        tag = self._counts_tag
+        if not isinstance(value, str) or not value.startswith(tag):
+            return None
+        try:
+            data = base64.b64decode(value[len(tag) :], validate=True)
+        except binascii.Error as exc:
+            raise ValueError(f"stored term counts are not base64: {exc}") from exc
+        return TermCounts.from_bytes(data)
 
     def encode_query(self, text: str) -> SparseVector:
         """Unique tokens with weight 1 (the engine applies IDF)."""
@@ -335,6 +445,25 @@ class LexiconStats:
             n_docs += 1
             words += len(surface)
             freqs.update({token_index(t) for w in surface for t in w.tokens})
+        return cls._of(freqs, n_docs, words, encoder)
+
+    @classmethod
+    def of_counts(cls, counts: Iterable[TermCounts], encoder: Bm25Encoder) -> LexiconStats:
+        """`build` over the chunks' term counts (stored with them, or counted from their
+        texts by `encoder`): the same statistics without tokenizing the stored ones."""
+        freqs: Counter[int] = Counter()
+        n_docs = 0
+        words = 0
+        for c in counts:
+            n_docs += 1
+            words += c.length
+            freqs.update(c.indices.tolist())
+        return cls._of(freqs, n_docs, words, encoder)
+
+    @classmethod
+    def _of(
+        cls, freqs: Mapping[int, int], n_docs: int, words: int, encoder: Bm25Encoder
+    ) -> LexiconStats:
         ids = np.fromiter(sorted(freqs), dtype=np.uint32, count=len(freqs))
         dfs = np.fromiter((freqs[int(i)] for i in ids), dtype=np.uint32, count=len(ids))
         avgdl = words / n_docs if n_docs else 0.0
@@ -429,34 +558,68 @@ class Bm25Scorer:
         return self.match_all(query, (text,))[0]
 
     def match_all(self, query: LexicalQuery, texts: Sequence[str]) -> list[LexicalMatch]:
-        """`match` of every text, in order: `bm25_weight` with the query's and the index's
-        constants hoisted out of the loops (the same operations in the same order, so the same
-        floats; Retrieve scores ~40 candidates a request)."""
+        """`match` of every text, in order (`match_counts` of their term counts)."""
+        return self.match_counts(query, [self.encoder.term_counts(t) for t in texts])
+
+    def match_counts(self, query: LexicalQuery, counts: Sequence[TermCounts]) -> list[LexicalMatch]:
+        """`match` of every text given its term counts, in order.
+
+        All the texts at once (Retrieve scores ~40 candidates a request): their counts are
+        looked up in one sorted array, and `bm25_weight` runs over every text per query token,
+        with the same operations in the same order as one text at a time, so the same floats.
+        """
+        n = len(counts)
+        if n == 0:
+            return []
         config = self.encoder.config
         avgdl = self.stats.avgdl if self.stats.avgdl > 0 else config.avgdl
         k1, b = config.k1, config.b
         k1_plus_1 = k1 + 1.0
-        terms = tuple(zip(query.tokens, query.idf, strict=True))
-        identifiers = query.identifiers
         total = query.idf_sum
-        counts_of = self.encoder.counts
-        out: list[LexicalMatch] = []
-        for text in texts:
-            counts, length = counts_of(text)
-            k1_norm = k1 * (1.0 - b + b * float(length) / avgdl)
-            score = covered = 0.0
-            for token, weight in terms:
-                tf = counts.get(token, 0)
-                if tf:
-                    score += weight * (tf * k1_plus_1 / (tf + k1_norm))
-                    covered += weight
-            found = tuple([t for t in identifiers if t in counts]) if identifiers else ()
-            out.append(
-                LexicalMatch(
-                    score=score,
-                    normalized=score / total if total > 0 else 0.0,
-                    coverage=covered / total if total > 0 else 0.0,
-                    identifiers=found,
-                )
-            )
-        return out
+        lengths = np.array([c.length for c in counts], dtype=np.float64)
+        k1_norm = k1 * (1.0 - b + b * lengths / avgdl)
+        tf = _term_frequencies(counts, [token_index(t) for t in query.tokens])
+        score = np.zeros(n)
+        covered = np.zeros(n)
+        with np.errstate(divide="ignore", invalid="ignore"):  # only where tf is 0 (k1 = 0)
+            for row, weight in zip(tf, query.idf, strict=True):
+                present = row > 0
+                score += np.where(present, weight * (row * k1_plus_1 / (row + k1_norm)), 0.0)
+                covered += np.where(present, weight, 0.0)
+        identifiers = query.identifiers
+        found: list[tuple[str, ...]] = [()] * n
+        if identifiers:
+            held = _term_frequencies(counts, [token_index(t) for t in identifiers]) > 0
+            found = [
+                tuple([t for t, h in zip(identifiers, column, strict=True) if h])
+                for column in held.T.tolist()
+            ]
+        scores = score.tolist()
+        if total > 0:
+            normalized = (score / total).tolist()
+            coverage = (covered / total).tolist()
+        else:
+            normalized = coverage = [0.0] * n
+        return [
+            LexicalMatch(score=s, normalized=z, coverage=c, identifiers=f)
+            for s, z, c, f in zip(scores, normalized, coverage, found, strict=True)
+        ]
+
+
+def _term_frequencies(counts: Sequence[TermCounts], tokens: Sequence[int]) -> NDArray[np.int64]:
+    """How often each token index occurs in each text: a (tokens, texts) array."""
+    n = len(counts)
+    if not tokens:
+        return np.zeros((0, n), dtype=np.int64)
+    sizes = np.fromiter((len(c.indices) for c in counts), dtype=np.int64, count=n)
+    if not sizes.any():
+        return np.zeros((len(tokens), n), dtype=np.int64)
+    # (text number << 32 | token index) is sorted across the concatenation: every text's
+    # indices are sorted and unique, and the texts come in order
+    text_keys = np.arange(n, dtype=np.uint64) << np.uint64(32)
+    keys = np.concatenate([c.indices for c in counts]).astype(np.uint64)
+    keys += np.repeat(text_keys, sizes)
+    tfs = np.concatenate([c.counts for c in counts]).astype(np.int64)
+    wanted = text_keys[None, :] + np.array(tokens, dtype=np.uint64)[:, None]
+    at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+    return np.where(keys[at] == wanted, tfs[at], 0)

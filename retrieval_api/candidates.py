@@ -24,16 +24,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ragcore.errors import ManifestMismatchError, RagstreamError
 from ragcore.fusion import FusedHit
-from ragcore.sparse import Bm25Encoder, Bm25Scorer, LexicalQuery, LexiconStats
-from ragcore.store.base import Placement, ScoredHit, SparseVector, StoreFilter, VectorStore
+from ragcore.sparse import (
+    TERM_COUNTS,
+    Bm25Encoder,
+    Bm25Scorer,
+    LexicalQuery,
+    LexiconStats,
+    TermCounts,
+)
+from ragcore.store.base import (
+    CHUNK_ID,
+    Placement,
+    ScoredHit,
+    SparseVector,
+    StoreFilter,
+    VectorStore,
+)
 from ragcore.store.registry import IndexRegistry, ResolvedIndex
 from retrieval_api.evidence_score import (
     CalibrationError,
@@ -47,9 +62,9 @@ from retrieval_api.ranking import Candidate, explains
 
 log = logging.getLogger(__name__)
 
-#: The payload keys this module reads of a candidate (exact BM25 and identifier matches count
-#: its text); see `ranking.PAYLOAD_KEYS`.
-PAYLOAD_KEYS: tuple[str, ...] = ("text",)
+#: The payload keys this module reads of a candidate (exact BM25 and identifier matches read
+#: its stored term counts, or count its text); see `ranking.PAYLOAD_KEYS`.
+PAYLOAD_KEYS: tuple[str, ...] = ("text", TERM_COUNTS)
 
 #: A never-calibrated index's lexical statistics are recounted after this long.
 PRIOR_LEXICON_TTL_S = 300.0
@@ -80,6 +95,37 @@ def settled(
     return tuple(sorted(hits, key=lambda h: (-h.score, h.point_id))[:limit])
 
 
+def term_counts(encoder: Bm25Encoder, hits: Sequence[FusedHit]) -> tuple[list[TermCounts], int]:
+    """Each hit's term counts (`payload_term_counts`), and how many were counted from their
+    text."""
+    out: list[TermCounts] = []
+    from_text = 0
+    for h in hits:
+        counts, counted = payload_term_counts(encoder, h.payload)
+        out.append(counts)
+        from_text += counted
+    return out, from_text
+
+
+def payload_term_counts(
+    encoder: Bm25Encoder, payload: Mapping[str, Any], *, cached: bool = True
+) -> tuple[TermCounts, bool]:
+    """A chunk's term counts as stored with it (`TERM_COUNTS`), else counted from its text
+    (chunks written before the counts were stored, or by another tokenization; `cached`: through
+    the encoder's cache), and whether they were counted. A stored value that cannot be read
+    is logged and the text counted."""
+    try:
+        stored = encoder.read_counts(payload.get(TERM_COUNTS))
+    except ValueError as exc:
+        log.warning("chunk %s: stored term counts unreadable: %s", payload.get(CHUNK_ID), exc)
+        stored = None
+    if stored is not None:
+        return stored, False
+    value = payload.get("text")
+    text = value if isinstance(value, str) else ""
+    return (encoder.term_counts(text) if cached else encoder.count_terms(text)), True
+
+
 class CalibrationMismatchError(ManifestMismatchError):
     """The index's calibration cannot score this pipeline (another reranker set-up, another
     feature set or sparse encoder): run `ragstream calibrate`."""
@@ -97,6 +143,8 @@ class RawPool:
     query: LexicalQuery
     hits: tuple[FusedHit, ...]  # engine scores and ranks of each branch; score unset (0)
     signals: tuple[Signals, ...]
+    #: hits whose term counts were counted from their text (none stored with the chunk)
+    counted_from_text: int = 0
 
     def __len__(self) -> int:
         return len(self.hits)
@@ -340,14 +388,17 @@ class CandidateSearch:
         return calibration, self.config.calibration_reload_s
 
     def lexicon(self, collection: str, tenant: str) -> LexiconStats:
-        """Count the lexical statistics of a collection's chunks (one scan of the texts)."""
-        texts = (
-            str(p.payload.get("text", ""))
-            for p in self._store.scroll(
-                collection, StoreFilter(tenant_id=tenant), batch=512, fields=["text"]
-            )
+        """Count the lexical statistics of a collection's chunks (one scan of their stored
+        term counts, or of the texts of chunks stored without them)."""
+        points = self._store.scroll(
+            collection,
+            StoreFilter(tenant_id=tenant),
+            batch=512,
+            fields=["text", TERM_COUNTS, CHUNK_ID],
         )
-        return LexiconStats.build(texts, self.encoder)
+        counts = (payload_term_counts(self.encoder, p.payload, cached=False)[0] for p in points)
+
+        return LexiconStats.of_counts(counts, self.encoder)
 
     def choice(self, calibration: EvidenceCalibration) -> RankingChoice:
         """The result order the configuration asks for (`order`): `calibrated` is the order
@@ -409,8 +460,8 @@ class CandidateSearch:
             # a hit whose point is gone by the time its vector is read was deleted by a
             # concurrent write: it is no evidence any more (found by the live-reindex test)
             hits = [h for h in hits if h.point_id in cosines]
-        texts = [str(h.payload.get("text", "")) for h in hits]
-        matches = scorer.match_all(query, texts)
+        counts, from_text = term_counts(self.encoder, hits)
+        matches = scorer.match_counts(query, counts)
         found = {t for m in matches for t in m.identifiers}
         unknown = tuple(t for t in query.unknown_identifiers if t not in found)
         query = replace(query, unknown_identifiers=unknown)
@@ -418,12 +469,13 @@ class CandidateSearch:
         if with_rerank:
             if self._rerank is None:
                 raise CalibrationMismatchError("a reranker score was asked for without one")
+            texts = [str(h.payload.get("text", "")) for h in hits]
             reranks = list(self._rerank(text, texts)) if texts else []
         signals = tuple(
             Signals(cosines[h.point_id], m, r)
             for h, m, r in zip(hits, matches, reranks, strict=True)
         )
-        return RawPool(query, tuple(hits), signals)
+        return RawPool(query, tuple(hits), signals, counted_from_text=from_text)
 
     def _search(
         self,

@@ -76,6 +76,14 @@ class RetrieveMetrics:
             buckets=(0, 1, 5, 10, 20, 50, 100, 200, 500),
             registry=registry,
         )
+        self.term_counts = Counter(
+            "ragstream_retrieve_term_counts",
+            "Candidates whose exact BM25 read the term counts stored with the chunk (stored) "
+            "or counted its text (text: chunks written before the counts were stored, or "
+            "with another tokenization; a reindex stores them).",
+            ["source"],
+            registry=registry,
+        )
         self.sor_table_unreadable = Gauge(
             "ragstream_retrieve_sor_table_unreadable",
             "1 while Retrieve cannot read a mapped SoR table (renamed or dropped column, "
@@ -102,3 +110,5 @@ class RetrieveMetrics:
         self.stage_cpu_seconds_of = Children(self.stage_cpu_seconds)
         self.query_cache_of = Children(self.query_cache)
         self.excluded_of = Children(self.excluded)
+        self.term_counts_stored = self.term_counts.labels("stored")
+        self.term_counts_text = self.term_counts.labels("text")

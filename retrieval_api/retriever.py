@@ -227,6 +227,10 @@ class Retriever:
                 fields=payload_fields(request.store_filter, self._attribute_fields),
             )
         self._metrics.candidates.observe(len(raw))
+        if raw.counted_from_text:
+            self._metrics.term_counts_text.inc(raw.counted_from_text)
+        if len(raw) > raw.counted_from_text:
+            self._metrics.term_counts_stored.inc(len(raw) - raw.counted_from_text)
         with stage("rank"):
             choice = self.search.choice(calibration)
             pool = finish(raw, calibration, choice)

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ragcore.embedders.spec import EmbeddingSpec
+from ragcore.sparse import TERM_COUNTS
 from ragcore.store.base import (
     CHUNK_ID,
     ENTITY_ID,
@@ -115,8 +116,11 @@ def chunk_point(
     index_version: int,
     dense: DenseVector,
     sparse: SparseVector | None,
+    term_counts: str | None = None,
 ) -> PointRecord:
-    """The point of one chunk: the row's fields, the chunk's identity, locator and text."""
+    """The point of one chunk: the row's fields, the chunk's identity, locator and text, and
+    the text's BM25 term counts as `Bm25Encoder.encode_chunk` stores them (`TERM_COUNTS`:
+    Retrieve's exact BM25 reads them instead of tokenizing the text)."""
     payload: dict[str, Any] = {
         **row,
         TENANT_ID: tenant_id,
@@ -127,6 +131,7 @@ def chunk_point(
         CHUNK_COUNT: chunk_count,
         "locator": dict(locator),
         "text": text,
+        TERM_COUNTS: term_counts,
     }
     return PointRecord(
         point_id=point_id(tenant_id, chunk_id, index_version),

@@ -58,8 +58,9 @@ class EntityPreparer(Protocol):
 class SparseEncoder(Protocol):
     """BM25-style document sparse vectors (`ragcore.sparse`)."""
 
-    def encode_document(self, text: str) -> SparseVector:
-        """Sparse vector of a chunk's text."""
+    def encode_chunk(self, text: str) -> tuple[SparseVector, str]:
+        """Sparse vector of a chunk's text, and its term counts as its payload stores them
+        (`ragcore.sparse.TERM_COUNTS`)."""
         ...
 
 

@@ -168,6 +168,7 @@ def _point(
     chunk_count: int,
     stages: Stages,
 ) -> PointRecord:
+    sparse, term_counts = stages.sparse.encode_chunk(chunk.text)
     return chunk_point(
         _entity_fields(entity, target, indexed_at, stages),
         tenant_id=entity.tenant_id,
@@ -180,7 +181,8 @@ def _point(
         text=chunk.text,
         index_version=target.version,
         dense=vector,
-        sparse=stages.sparse.encode_document(chunk.text),
+        sparse=sparse,
+        term_counts=term_counts,
     )
 
 

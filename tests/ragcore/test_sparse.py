@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import math
 import re
@@ -257,13 +258,20 @@ def test_document_encoding_equals_bm25_over_the_surface_words(text: str) -> None
 @settings(max_examples=300, deadline=None)
 @given(text=_WORDY | st.text(max_size=200))
 def test_counts_equal_the_tokens_of_the_surface_words(text: str) -> None:
-    """Exact BM25's counts (Retrieve's hot path, without `Word` objects) are the definition's:
-    every token of `surface`'s words, and their number as the length."""
+    """Exact BM25's counts (without `Word` objects) are the definition's: every token of
+    `surface`'s words by its index, and their number as the length; stored in a payload and
+    read back, they are the same."""
     encoder = Bm25Encoder()
     words = encoder.surface(text, identifiers=False)
-    counts, length = encoder.counts(text)
-    assert counts == Counter(t for w in words for t in w.tokens)
-    assert length == len(words)
+    counts = encoder.term_counts(text)
+    assert counts.to_mapping() == Counter(token_index(t) for w in words for t in w.tokens)
+    assert counts.length == len(words)
+    vector, stored = encoder.encode_chunk(text)
+    assert vector == encoder.encode_document(text)
+    read = encoder.read_counts(stored)
+    assert read is not None
+    assert read.to_mapping() == counts.to_mapping()
+    assert read.length == counts.length
 
 
 #: The surface-word pattern as first written (backtracking, Unicode `\w` on every text).
@@ -304,13 +312,15 @@ def _reference_match(
     texts=st.lists(_WORDY | st.text(max_size=120), min_size=1, max_size=6),
     question=_WORDY | st.text(max_size=60),
     corpus=st.lists(_WORDY, max_size=4),
+    # k1 = 0 and b = 1 make a term's denominator 0 where it is absent (never computed there)
+    config=st.sampled_from([Bm25Config(), Bm25Config(k1=0.0), Bm25Config(b=1.0, avgdl=1.0)]),
 )
 def test_exact_bm25_is_bit_identical_to_its_definition(
-    texts: list[str], question: str, corpus: list[str]
+    texts: list[str], question: str, corpus: list[str], config: Bm25Config
 ) -> None:
     """Retrieve's scorer (constants hoisted, counts from the memo) gives the definition's
     floats exactly, not approximately: ties and the order of candidates depend on them."""
-    encoder = Bm25Encoder()
+    encoder = Bm25Encoder(config)
     stats = LexiconStats.build([*texts, *corpus], encoder)
     scorer = Bm25Scorer(encoder, stats)
     query = scorer.query(question)
@@ -318,3 +328,47 @@ def test_exact_bm25_is_bit_identical_to_its_definition(
     assert scorer.match_all(query, texts) == expected
     assert scorer.match_all(query, texts) == expected  # again, from the count cache
     assert [scorer.match(query, t) for t in texts] == expected
+    # the counts a chunk's payload stores give the same floats
+    stored = [encoder.read_counts(encoder.encode_chunk(t)[1]) for t in texts]
+    assert scorer.match_counts(query, [c for c in stored if c is not None]) == expected
+
+
+def test_stored_counts_of_another_tokenization_or_format_are_not_read() -> None:
+    """Counts stored by another tokenization (another stemmer, stopwords, version) or in another
+    format are not this encoder's: Retrieve counts the text instead (None)."""
+    text = "Pump GX-300 bearings fail after 30 days"
+    english, unstemmed = Bm25Encoder(), Bm25Encoder(Bm25Config(stemmer=None))
+    _, stored = unstemmed.encode_chunk(text)
+    assert unstemmed.read_counts(stored) is not None
+    assert english.read_counts(stored) is None
+    assert english.read_counts(None) is None
+    assert english.read_counts(42) is None
+    tag = english.counts_tag
+    _, own = english.encode_chunk(text)
+    assert english.read_counts(own) is not None
+    assert english.read_counts("t0" + own[2:]) is None
+    # this encoder's tag with a broken body is an error, not a silent miss
+    with pytest.raises(ValueError, match="base64"):
+        english.read_counts(tag + "not base64!")
+    with pytest.raises(ValueError, match="no whole record"):
+        english.read_counts(tag + base64.b64encode(b"\x01\x00\x00").decode())
+    whole = english.term_counts(text).to_bytes()
+    with pytest.raises(ValueError, match="terms need"):
+        english.read_counts(tag + base64.b64encode(whole[:-4]).decode())
+
+
+@settings(max_examples=100, deadline=None)
+@given(texts=st.lists(_WORDY | st.text(max_size=120), max_size=8))
+def test_lexicon_of_term_counts_equals_the_lexicon_of_the_texts(texts: list[str]) -> None:
+    """Retrieve's prior counts an index's statistics from its stored term counts: the same
+    statistics as from the texts."""
+    encoder = Bm25Encoder()
+    built = LexiconStats.build(texts, encoder)
+    counted = LexiconStats.of_counts((encoder.count_terms(t) for t in texts), encoder)
+    assert (counted.n_docs, counted.avgdl, counted.encoder_version) == (
+        built.n_docs,
+        built.avgdl,
+        built.encoder_version,
+    )
+    assert counted.token_ids.tolist() == built.token_ids.tolist()
+    assert counted.doc_freqs.tolist() == built.doc_freqs.tolist()

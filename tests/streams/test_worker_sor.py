@@ -33,6 +33,7 @@ from ragcore.mapping import TableMapping
 from ragcore.plan import PlanConfig
 from ragcore.prepare import Preparer
 from ragcore.settings import SorSettings, StoreSettings
+from ragcore.sparse import TERM_COUNTS, Bm25Encoder
 from ragcore.store.base import StoredPoint, StoreFilter
 from ragcore.store.edge import EdgeStore
 from ragdev.services.postgres import PostgresCluster
@@ -281,7 +282,13 @@ def test_a_reindex_request_from_retrieve_makes_the_worker_reread_the_sor_row(
         [Record(b"k", json.dumps(request).encode()), Record(b"k", bad), Record(b"k", bad_tenant)],
     )
     wait_committed(sor_env.broker.bootstrap_servers, sor_env.group, reindex, last, 60)
-    assert [p.payload["text"] for p in sor_env.points()] == [new_text]
+    points = sor_env.points()
+    assert [p.payload["text"] for p in points] == [new_text]
+    # the worker stores the text's term counts with the chunk (Retrieve's exact BM25 reads them)
+    encoder = Bm25Encoder()
+    stored = encoder.read_counts(points[0].payload[TERM_COUNTS])
+    assert stored is not None
+    assert stored.to_mapping() == encoder.term_counts(new_text).to_mapping()
     dlq = sor_env.registry.get_sample_value(
         "ragstream_ingest_dlq_records_total", {"code": "BAD_REINDEX_REQUEST"}
     )

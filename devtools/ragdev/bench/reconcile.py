@@ -121,10 +121,12 @@ def paragraph_points(
     entity_id: str,
     chunks: Sequence[tuple[str, Any, SparseVector]],
     index_version: int,
+    term_counts: Sequence[str] | None = None,
 ) -> list[PointRecord]:
     """The points of a generated entity whose content is its chunks' texts joined by blank
     lines: (text, dense vector, sparse vector) per chunk, in order, under the worker's payload
-    layout (`ragcore.store.points.chunk_point`)."""
+    layout (`ragcore.store.points.chunk_point`), with each chunk's stored term counts when
+    given (`Bm25Encoder.encode_chunk`)."""
     points = []
     offset = 0
     for index, (text, dense, sparse) in enumerate(chunks):
@@ -142,6 +144,7 @@ def paragraph_points(
                 index_version=index_version,
                 dense=dense,
                 sparse=sparse,
+                term_counts=term_counts[index] if term_counts is not None else None,
             )
         )
         offset += len(text) + 2

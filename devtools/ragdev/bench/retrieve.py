@@ -326,11 +326,16 @@ class _Builder:
                 updated_at_us=int(self.clock.timestamp() * 1_000_000), lsn=self.lsn
             ),
         )
+        encoded = [self.sparse.encode_chunk(text) for text, _ in chunks]
         points = paragraph_points(
             fields,
             entity_id,
-            [(text, vector, self.sparse.encode_document(text)) for text, vector in chunks],
+            [
+                (text, vector, sparse)
+                for (text, vector), (sparse, _) in zip(chunks, encoded, strict=True)
+            ],
             version,
+            term_counts=[counts for _, counts in encoded],
         )
         self.words += sum(len(text.split()) for text, _ in chunks)
         self.chunks += len(chunks)
@@ -1005,7 +1010,10 @@ def run(
                 f"{WINDOW} consecutive ones (mean {built.mean_chunk_words} words); an entity's "
                 "1-3 chunks come from neighbouring windows"
             ),
-            "sparse": "Bm25Encoder.encode_document of each chunk text (IDF applied by the engine)",
+            "sparse": (
+                "Bm25Encoder.encode_chunk of each chunk text (IDF applied by the engine; the "
+                "term counts stored in the payload)"
+            ),
             "payload": (
                 "as the ingest worker writes it: tenant_id, source_entity_id, chunk_id "
                 "<entity>:chunk:<n>, source_hash (sha256 of the entity content), entity_type, "

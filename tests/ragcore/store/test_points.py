@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ragcore.embedders.spec import EmbeddingSpec
+from ragcore.sparse import TERM_COUNTS, Bm25Encoder
 from ragcore.store.base import SOURCE_HASH, SOURCE_TABLE, TENANT_ID, ChunkRef
 from ragcore.store.ids import point_id
 from ragcore.store.points import (
@@ -65,6 +66,31 @@ def test_a_point_drops_none_fields_and_carries_identity_and_its_deterministic_id
     assert point.point_id == point_id("acme", "entities:e1:chunk:0", 3)
     assert point.payload[TENANT_ID] == "acme" and point.payload[CHUNK_COUNT] == 2
     assert "title" not in point.payload and SOURCE_TABLE not in point.payload
+    assert TERM_COUNTS not in point.payload  # none given
+
+
+def test_a_point_stores_its_texts_term_counts_for_exact_bm25() -> None:
+    encoder = Bm25Encoder()
+    text = "Pump GX-300 bearings fail after 30 days; bearings replaced"
+    sparse, counts = encoder.encode_chunk(text)
+    point = chunk_point(
+        _row(),
+        tenant_id="acme",
+        entity_id="entities:e1",
+        source_table="entities",
+        chunk_id="entities:e1:chunk:0",
+        chunk_index=0,
+        chunk_count=1,
+        locator={"chunk_index": 0, "char_start": 0, "char_end": len(text)},
+        text=text,
+        index_version=3,
+        dense=[1.0, 0.0],
+        sparse=sparse,
+        term_counts=counts,
+    )
+    read = encoder.read_counts(point.payload[TERM_COUNTS])
+    assert read is not None and read.to_mapping() == encoder.term_counts(text).to_mapping()
+    assert read.length == 8  # "after" is a stopword
 
 
 def test_the_indexed_version_is_the_newest_among_the_chunks() -> None:
