@@ -32,7 +32,6 @@ the parts of identifiers are reduced to their Snowball stem (PyStemmer, English 
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import math
 import re
@@ -51,11 +50,12 @@ from numpy.typing import NDArray
 
 from ragcore.store.base import SparseVector
 
-#: The payload key of a chunk's stored term counts (`Bm25Encoder.stored_counts`): written with
+#: The payload key of a chunk's stored term counts (`Bm25Encoder.encode_chunk`): written with
 #: the chunk, so Retrieve's exact BM25 need not tokenize the text of every candidate.
 TERM_COUNTS = "bm25_terms"
-# The stored counts' format (`TermCounts.to_bytes`): bump when it changes.
-_COUNTS_FORMAT = "t1"
+# The stored counts' format (`TermCounts`' text; t1 was a binary form that never shipped): bump
+# when it changes.
+_COUNTS_FORMAT = "t2"
 
 #: Bump when tokenization or hashing changes: it is part of `Bm25Encoder.model_version`.
 #: 2: Snowball stemming of words and identifier parts.
@@ -192,63 +192,73 @@ class Word:
     identifier: bool
 
 
-_HEADER = np.dtype("<u4")
+_INDEX = re.compile(r",([0-9a-f]++):")
 
 
-@dataclass(frozen=True, slots=True, eq=False)
 class TermCounts:
-    """How often each token index occurs in a text (`indices` sorted and unique, `counts`
-    aligned), and the text's BM25 length: its surface words that have tokens.
+    """How often each token index occurs in a text, and the text's BM25 length (its surface
+    words that have tokens), as the text a chunk's payload stores them (`TERM_COUNTS`):
+    `<length>,<index>:<count>,<index>:<count>,...,` with the indices in hexadecimal.
 
-    Tokens are counted by their sparse index (`token_index`), as the engine's vectors and
-    `LexiconStats` count them: two tokens whose 31-bit indices collide count as one."""
+    Exact BM25 asks a handful of query tokens of ~40 candidates a request: each is one
+    `str.find` in that text (`key`), with nothing decoded first. Tokens are counted by their
+    sparse index (`token_index`), as the engine's vectors and `LexiconStats` count them: two
+    tokens whose 31-bit indices collide count as one."""
 
-    indices: NDArray[np.uint32]
-    counts: NDArray[np.uint32]
-    length: int
+    __slots__ = ("_start", "_text", "length")
+
+    def __init__(self, text: str, start: int = 0) -> None:
+        """Read the counts in `text` from `start` on; ValueError when it holds no length or
+        does not end with a separator."""
+        comma = text.find(",", start)
+        if comma < 0 or not text.endswith(","):
+            raise ValueError("stored term counts: no '<length>,' or no final ','")
+        try:
+            self.length = int(text[start:comma])
+        except ValueError:
+            raise ValueError(f"stored term counts: bad length {text[start:comma]!r}") from None
+        self._text = text
+        self._start = comma  # every entry, the first too, follows a ','
 
     @classmethod
     def of(cls, counts: Mapping[int, int], length: int) -> TermCounts:
         """From {token index: count}."""
-        indices = sorted(counts)
-        return cls(
-            np.array(indices, dtype=np.uint32),
-            np.array([counts[i] for i in indices], dtype=np.uint32),
-            length,
-        )
+        return cls(cls.text_of(counts, length))
 
-    def to_bytes(self) -> bytes:
-        """Little-endian u32s: the length, the number of indices, the indices, the counts."""
-        header = np.array([self.length, len(self.indices)], dtype=_HEADER)
-        return b"".join(
-            (
-                header.tobytes(),
-                self.indices.astype("<u4").tobytes(),
-                self.counts.astype("<u4").tobytes(),
-            )
-        )
+    @staticmethod
+    def text_of(counts: Mapping[int, int], length: int) -> str:
+        """The stored text of {token index: count} and a length (indices in sorted order)."""
+        return f"{length}," + "".join([f"{i:x}:{counts[i]}," for i in sorted(counts)])
 
-    @classmethod
-    def from_bytes(cls, data: bytes) -> TermCounts:
-        """The inverse of `to_bytes`; ValueError when the sizes do not add up."""
-        if len(data) < 8 or len(data) % 4:
-            raise ValueError(f"stored term counts: {len(data)} bytes is no whole record")
-        words = np.frombuffer(data, dtype=_HEADER)
-        length, n = int(words[0]), int(words[1])
-        if len(words) != 2 + 2 * n:
-            raise ValueError(
-                f"stored term counts: {n} terms need {8 + 8 * n} bytes, got {len(data)}"
-            )
-        # views of `data` (read-only), no copies
-        return cls(
-            words[2 : 2 + n].astype(np.uint32, copy=False),
-            words[2 + n :].astype(np.uint32, copy=False),
-            length,
-        )
+    @staticmethod
+    def key(index: int) -> str:
+        """What `count` looks a token index up by (make it once per query token)."""
+        return f",{index:x}:"
+
+    def count(self, key: str) -> int:
+        """How often the token of `key` occurs (0: not at all); ValueError when its entry is
+        malformed."""
+        at = self._text.find(key, self._start)
+        if at < 0:
+            return 0
+        begin = at + len(key)
+        return int(self._text[begin : self._text.index(",", begin)])
+
+    def __contains__(self, key: str) -> bool:
+        return self._text.find(key, self._start) >= 0
+
+    def indices(self) -> list[int]:
+        """The token indices that occur."""
+        return [int(i, 16) for i in _INDEX.findall(self._text, self._start)]
 
     def to_mapping(self) -> dict[int, int]:
-        """{token index: count}."""
-        return dict(zip(self.indices.tolist(), self.counts.tolist(), strict=True))
+        """{token index: count}; ValueError when an entry is malformed."""
+        out: dict[int, int] = {}
+        for entry in self._text[self._start + 1 : -1].split(","):
+            if entry:
+                index, _, count = entry.partition(":")
+                out[int(index, 16)] = int(count)
+        return out
 
 
 class Bm25Encoder:
@@ -258,7 +268,7 @@ class Bm25Encoder:
         """Use `config` (defaults when None)."""
         self.config = config or Bm25Config()
         self._stem = _stems(self.config.stemmer).stem if self.config.stemmer else None
-        self._counts = lru_cache(maxsize=4096)(self._count)
+        self._term_counts = lru_cache(maxsize=4096)(self.count_terms)
         self._word_tokens = lru_cache(maxsize=1 << 17)(self._tokens_of)
         self._word_indices = lru_cache(maxsize=1 << 17)(self._indices_of)
         self._word_tokens_of_surface = lru_cache(maxsize=1 << 17)(self._surface_tokens_of)
@@ -319,19 +329,18 @@ class Bm25Encoder:
         """How often each token index occurs in `text`, and its length (cached: Retrieve
         counts the texts of chunks stored without their counts, the same ones again and
         again)."""
-        return self._counts(text)
+        return self._term_counts(text)
 
     def count_terms(self, text: str) -> TermCounts:
         """`term_counts` without the cache (a scan over a whole index)."""
-        return self._count(text)
+        return TermCounts.of(*self._count(text))
 
-    def _count(self, text: str) -> TermCounts:
+    def _count(self, text: str) -> tuple[Counter[int], int]:
         # `surface(text, identifiers=False)` without its `Word` objects: every step runs in C
         # (the regex, the memo of each word's indices through `map`, the Counter); a stopword's
         # indices are ()
         per_word = list(map(self._word_indices, _words(text)))
-        counts = Counter(chain.from_iterable(per_word))
-        return TermCounts.of(counts, len(per_word) - per_word.count(()))
+        return Counter(chain.from_iterable(per_word)), len(per_word) - per_word.count(())
 
     def words(self, text: str) -> list[list[str]]:
         """Surface words (lowercased, stemmed), each with its derived tokens: [whole, part...]."""
@@ -348,51 +357,44 @@ class Bm25Encoder:
     def encode_document(self, text: str) -> SparseVector:
         """BM25 document weights; the document length is its number of surface words (those
         with tokens: the words of `surface`)."""
-        return self.document_vector(self._count(text))
+        return self._document_vector(*self._count(text))
 
     def encode_chunk(self, text: str) -> tuple[SparseVector, str]:
-        """A chunk's engine vector (`encode_document`) and its term counts as stored in its
-        payload (`TERM_COUNTS`), from one pass over the text."""
-        counts = self._count(text)
-        return self.document_vector(counts), self.stored_counts(counts)
+        """A chunk's engine vector (`encode_document`) and its term counts as its payload
+        stores them (`TERM_COUNTS`: `counts_tag`, then `TermCounts`' text), from one pass
+        over the text."""
+        counts, length = self._count(text)
+        return (
+            self._document_vector(counts, length),
+            self._counts_tag + TermCounts.text_of(counts, length),
+        )
 
-    def document_vector(self, counts: TermCounts) -> SparseVector:
-        """The engine vector of a text from its term counts (`encode_document`)."""
-        if not counts.length:
+    def _document_vector(self, counts: Mapping[int, int], length: int) -> SparseVector:
+        if not length:
             return SparseVector((), ())
         # bm25_weight with its constants hoisted out of the loop (same arithmetic)
         c = self.config
         k1_plus_1 = c.k1 + 1.0
-        k1_norm = c.k1 * (1.0 - c.b + c.b * float(counts.length) / c.avgdl)
-        return SparseVector(
-            tuple(counts.indices.tolist()),
-            tuple(tf * k1_plus_1 / (tf + k1_norm) for tf in counts.counts.tolist()),
+        k1_norm = c.k1 * (1.0 - c.b + c.b * float(length) / c.avgdl)
+        return SparseVector.from_mapping(
+            {index: tf * k1_plus_1 / (tf + k1_norm) for index, tf in counts.items()}
         )
 
     @property
     def counts_tag(self) -> str:
-        """The prefix of the term counts this encoder stores (`stored_counts`): their format
+        """The prefix of the term counts this encoder stores (`encode_chunk`): their format
         and a fingerprint of `model_version`, so counts made by another tokenization are never
         read as this one's."""
         return self._counts_tag
 
-    def stored_counts(self, counts: TermCounts) -> str:
-        """Term counts as a payload string (`TERM_COUNTS`): `counts_tag`, then the base64 of
-        `TermCounts.to_bytes`."""
-        return self._counts_tag + base64.b64encode(counts.to_bytes()).decode("ascii")
-
     def read_counts(self, value: object) -> TermCounts | None:
         """The term counts of a payload's `TERM_COUNTS` value; None when there is none or it
         was stored by another tokenization or format (count the text then). ValueError when
-        the value carries this encoder's tag but cannot be read."""
+        the value carries this encoder's tag but is malformed."""
         tag = self._counts_tag
         if not isinstance(value, str) or not value.startswith(tag):
             return None
-        try:
-            data = base64.b64decode(value[len(tag) :], validate=True)
-        except binascii.Error as exc:
-            raise ValueError(f"stored term counts are not base64: {exc}") from exc
-        return TermCounts.from_bytes(data)
+        return TermCounts(value, len(tag))
 
     def encode_query(self, text: str) -> SparseVector:
         """Unique tokens with weight 1 (the engine applies IDF)."""
@@ -457,7 +459,7 @@ class LexiconStats:
         for c in counts:
             n_docs += 1
             words += c.length
-            freqs.update(c.indices.tolist())
+            freqs.update(c.indices())
         return cls._of(freqs, n_docs, words, encoder)
 
     @classmethod
@@ -562,64 +564,33 @@ class Bm25Scorer:
         return self.match_counts(query, [self.encoder.term_counts(t) for t in texts])
 
     def match_counts(self, query: LexicalQuery, counts: Sequence[TermCounts]) -> list[LexicalMatch]:
-        """`match` of every text given its term counts, in order.
-
-        All the texts at once (Retrieve scores ~40 candidates a request): their counts are
-        looked up in one sorted array, and `bm25_weight` runs over every text per query token,
-        with the same operations in the same order as one text at a time, so the same floats.
-        """
-        n = len(counts)
-        if n == 0:
-            return []
+        """`match` of every text given its term counts, in order: `bm25_weight` with the
+        query's and the index's constants hoisted out of the loops (the same operations in the
+        same order, so the same floats; Retrieve scores ~40 candidates a request)."""
         config = self.encoder.config
         avgdl = self.stats.avgdl if self.stats.avgdl > 0 else config.avgdl
         k1, b = config.k1, config.b
         k1_plus_1 = k1 + 1.0
+        key = TermCounts.key
+        terms = [(key(token_index(t)), w) for t, w in zip(query.tokens, query.idf, strict=True)]
+        identifiers = [(t, key(token_index(t))) for t in query.identifiers]
         total = query.idf_sum
-        lengths = np.array([c.length for c in counts], dtype=np.float64)
-        k1_norm = k1 * (1.0 - b + b * lengths / avgdl)
-        tf = _term_frequencies(counts, [token_index(t) for t in query.tokens])
-        score = np.zeros(n)
-        covered = np.zeros(n)
-        with np.errstate(divide="ignore", invalid="ignore"):  # only where tf is 0 (k1 = 0)
-            for row, weight in zip(tf, query.idf, strict=True):
-                present = row > 0
-                score += np.where(present, weight * (row * k1_plus_1 / (row + k1_norm)), 0.0)
-                covered += np.where(present, weight, 0.0)
-        identifiers = query.identifiers
-        found: list[tuple[str, ...]] = [()] * n
-        if identifiers:
-            held = _term_frequencies(counts, [token_index(t) for t in identifiers]) > 0
-            found = [
-                tuple([t for t, h in zip(identifiers, column, strict=True) if h])
-                for column in held.T.tolist()
-            ]
-        scores = score.tolist()
-        if total > 0:
-            normalized = (score / total).tolist()
-            coverage = (covered / total).tolist()
-        else:
-            normalized = coverage = [0.0] * n
-        return [
-            LexicalMatch(score=s, normalized=z, coverage=c, identifiers=f)
-            for s, z, c, f in zip(scores, normalized, coverage, found, strict=True)
-        ]
-
-
-def _term_frequencies(counts: Sequence[TermCounts], tokens: Sequence[int]) -> NDArray[np.int64]:
-    """How often each token index occurs in each text: a (tokens, texts) array."""
-    n = len(counts)
-    if not tokens:
-        return np.zeros((0, n), dtype=np.int64)
-    sizes = np.fromiter((len(c.indices) for c in counts), dtype=np.int64, count=n)
-    if not sizes.any():
-        return np.zeros((len(tokens), n), dtype=np.int64)
-    # (text number << 32 | token index) is sorted across the concatenation: every text's
-    # indices are sorted and unique, and the texts come in order
-    text_keys = np.arange(n, dtype=np.uint64) << np.uint64(32)
-    keys = np.concatenate([c.indices for c in counts]).astype(np.uint64)
-    keys += np.repeat(text_keys, sizes)
-    tfs = np.concatenate([c.counts for c in counts]).astype(np.int64)
-    wanted = text_keys[None, :] + np.array(tokens, dtype=np.uint64)[:, None]
-    at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
-    return np.where(keys[at] == wanted, tfs[at], 0)
+        out: list[LexicalMatch] = []
+        for c in counts:
+            k1_norm = k1 * (1.0 - b + b * float(c.length) / avgdl)
+            score = covered = 0.0
+            for term, weight in terms:
+                tf = c.count(term)
+                if tf:
+                    score += weight * (tf * k1_plus_1 / (tf + k1_norm))
+                    covered += weight
+            found = tuple([t for t, k in identifiers if k in c]) if identifiers else ()
+            out.append(
+                LexicalMatch(
+                    score=score,
+                    normalized=score / total if total > 0 else 0.0,
+                    coverage=covered / total if total > 0 else 0.0,
+                    identifiers=found,
+                )
+            )
+        return out
