@@ -10,11 +10,17 @@ tickets that differ only in their numbers are duplicates, while texts that diffe
 identifier (`GX-300` vs `GX-310`, `E-2113` vs `E-2150`) or in words are not. Measured on the
 dev sample corpus: copies of one ticket 1.0, pump datasheets of one template at most 0.87,
 service bulletins at most 0.75, release notes at most 0.56; hence the default cut of 0.9.
+
+Finding a text's words is most of a signature's cost, so a chunk stores them when it is
+written (`SIGNATURE_WORDS`, `stored_words`) and Retrieve builds the signatures of its
+candidates from them (`payload_signature`); a chunk stored without them has its text read.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 #: Jaccard similarity of signatures at or above which two texts are near-duplicates.
 NEAR_DUPLICATE_SIMILARITY = 0.9
@@ -33,17 +39,34 @@ _NUMBER = "<n>"
 Signature = frozenset[tuple[str, ...]]
 
 
-def signature(text: str, words: int = SHINGLE_WORDS) -> Signature:
-    """The set of `words`-word shingles of `text` (numbers masked); a text shorter than
-    `words` words is one shingle of all its words, an empty text the empty set."""
-    if words < 1:
-        raise ValueError(f"shingle size must be >= 1, got {words}")
+#: The payload key of a chunk's words as its signature sees them (`stored_words`).
+SIGNATURE_WORDS = "signature_words"
+# The stored words' format and word definition: bump when either changes (`_WORD_RE`, the
+# case folding, the number mask).
+_WORDS_TAG = "w1:"
+
+
+def shingle_words(text: str) -> list[str]:
+    """The words of `text` as a signature sees them: case-folded, numbers masked."""
     folded = text.casefold()
     tokens = (_WORD_ASCII_RE if folded.isascii() else _WORD_RE).findall(folded)
     # a number starts with an ASCII digit: only those tokens are matched, and only in a text
     # that has one (Retrieve computes a signature per candidate; this is most of its cost)
     if _DIGIT_RE.search(folded) is not None:
         tokens = [_NUMBER if "0" <= t[0] <= "9" and _NUMBER_RE.fullmatch(t) else t for t in tokens]
+    return tokens
+
+
+def signature(text: str, words: int = SHINGLE_WORDS) -> Signature:
+    """The set of `words`-word shingles of `text` (numbers masked); a text shorter than
+    `words` words is one shingle of all its words, an empty text the empty set."""
+    return shingles(shingle_words(text), words)
+
+
+def shingles(tokens: list[str], words: int = SHINGLE_WORDS) -> Signature:
+    """The signature of a text's `shingle_words`: the set of its `words`-word shingles."""
+    if words < 1:
+        raise ValueError(f"shingle size must be >= 1, got {words}")
     if not tokens:
         return frozenset()
     if len(tokens) <= words:
@@ -52,6 +75,23 @@ def signature(text: str, words: int = SHINGLE_WORDS) -> Signature:
     if words == 3:  # the default, spelled out: no generator of slices
         return frozenset(zip(tokens, tokens[1:], tokens[2:], strict=False))
     return frozenset(zip(*(tokens[i:] for i in range(words)), strict=False))
+
+
+def stored_words(text: str) -> str:
+    """A text's `shingle_words` as a chunk's payload stores them (`SIGNATURE_WORDS`): a format tag,
+    then the words joined by single spaces (a word never holds one)."""
+    return _WORDS_TAG + " ".join(shingle_words(text))
+
+
+def payload_signature(payload: Mapping[str, Any], words: int = SHINGLE_WORDS) -> Signature:
+    """The signature of a chunk from the words its payload stores, else from its `text`
+    (chunks written without them, or with another word definition): the same set."""
+    stored = payload.get(SIGNATURE_WORDS)
+    if isinstance(stored, str) and stored.startswith(_WORDS_TAG):
+        body = stored[len(_WORDS_TAG) :]
+        return shingles(body.split(" ") if body else [], words)
+    text = payload.get("text")
+    return signature(text if isinstance(text, str) else "", words)
 
 
 def similarity(a: Signature, b: Signature) -> float:

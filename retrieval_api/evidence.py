@@ -36,7 +36,7 @@ from ragcore.store.base import (
     StoreFilter,
     datetime_bounds,
 )
-from ragcore.textsim import Signature, signature, similarity
+from ragcore.textsim import SIGNATURE_WORDS, Signature, payload_signature, similarity
 from retrieval_api.context import BudgetAction, ContextPlan
 from retrieval_api.ranking import (
     Confidence,
@@ -60,6 +60,7 @@ PAYLOAD_KEYS: tuple[str, ...] = (
     EVENT_DATE,
     "title",
     "text",
+    SIGNATURE_WORDS,  # the near-duplicates' similarity to their result
     "locator",
     "chunk_index",
     "source_reference",
@@ -397,7 +398,7 @@ def _results(
         if detail is not None:
             result.scores.lexical_normalized, result.scores.coverage = detail
         if others:
-            lead_signature = signature(result.text)
+            lead_signature = payload_signature(lead.payload)
             result.also_in.extend(_similar(c, lead_signature, tenant) for c in others)
         results.append(result)
     return results
@@ -444,13 +445,12 @@ def _budget(plan: ContextPlan) -> pb.ContextBudget:
 
 
 def _similar(chunk: RankedChunk, lead: Signature, tenant: str) -> pb.SimilarChunk:
-    text = chunk.payload.get("text")
     return pb.SimilarChunk(
         chunk_id=chunk.chunk_id,
         entity_id=chunk.entity_id,
         entity_type=_str(chunk.payload, ENTITY_TYPE),
         source_reference=source_reference(chunk.payload, tenant),
-        similarity=similarity(lead, signature(text if isinstance(text, str) else "")),
+        similarity=similarity(lead, payload_signature(chunk.payload)),
     )
 
 

@@ -56,13 +56,20 @@ from ragcore.store.base import (
     datetime_bounds,
     numeric_bounds,
 )
-from ragcore.textsim import Signature, signature, similarity
+from ragcore.textsim import SIGNATURE_WORDS, Signature, payload_signature, similarity
 
 #: The payload keys this module reads of a candidate (the filter re-check, the entity, the
-#: text of near-duplicates); the request's own filter fields come on top
+#: words of near-duplicates, or their text); the request's own filter fields come on top
 #: (`retriever.payload_fields`). Retrieve asks the store for these keys only: a key read here
 #: and not declared would read as absent (tests/retrieval_api/test_payload_reads.py).
-PAYLOAD_KEYS: tuple[str, ...] = (TENANT_ID, CHUNK_ID, ENTITY_TYPE, ENTITY_ID, "text")
+PAYLOAD_KEYS: tuple[str, ...] = (
+    TENANT_ID,
+    CHUNK_ID,
+    ENTITY_TYPE,
+    ENTITY_ID,
+    "text",
+    SIGNATURE_WORDS,
+)
 
 
 class ScoreKind(StrEnum):
@@ -472,7 +479,7 @@ def rank(
     collapsed = 0
     signatures: list[Signature] = []
     if near_duplicate_similarity is not None or diversity_lambda not in (None, 1.0):
-        signatures = [signature(_text(s)) for s in survivors]
+        signatures = [payload_signature(s.payload) for s in survivors]
     if near_duplicate_similarity is not None:
         before = len(survivors)
         survivors, signatures = _collapse(survivors, signatures, near_duplicate_similarity)
@@ -503,11 +510,6 @@ def rank(
         top_k=top_k,
         order_by=order_by,
     )
-
-
-def _text(chunk: RankedChunk) -> str:
-    value = chunk.payload.get("text")
-    return value if isinstance(value, str) else ""
 
 
 def _collapse(

@@ -29,6 +29,7 @@ from ragcore.store.base import (
     SparseVector,
 )
 from ragcore.store.ids import point_id
+from ragcore.textsim import SIGNATURE_WORDS, stored_words
 from schemas.entities import EntityVersion
 
 VERSION_UPDATED_AT = "source_updated_at_us"
@@ -118,9 +119,10 @@ def chunk_point(
     sparse: SparseVector | None,
     term_counts: str | None = None,
 ) -> PointRecord:
-    """The point of one chunk: the row's fields, the chunk's identity, locator and text, and
-    the text's BM25 term counts as `Bm25Encoder.encode_chunk` stores them (`TERM_COUNTS`:
-    Retrieve's exact BM25 reads them instead of tokenizing the text)."""
+    """The point of one chunk: the row's fields, the chunk's identity, locator and text, the
+    text's BM25 term counts as `Bm25Encoder.encode_chunk` stores them (`TERM_COUNTS`:
+    Retrieve's exact BM25 reads them instead of tokenizing the text) and its near-duplicate
+    signature's words (`ragcore.textsim.SIGNATURE_WORDS`)."""
     payload: dict[str, Any] = {
         **row,
         TENANT_ID: tenant_id,
@@ -132,6 +134,7 @@ def chunk_point(
         "locator": dict(locator),
         "text": text,
         TERM_COUNTS: term_counts,
+        SIGNATURE_WORDS: stored_words(text),
     }
     return PointRecord(
         point_id=point_id(tenant_id, chunk_id, index_version),

@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragcore.textsim import duplicate_slots, near_duplicate, signature, similarity
+from ragcore.textsim import (
+    SIGNATURE_WORDS,
+    duplicate_slots,
+    near_duplicate,
+    payload_signature,
+    signature,
+    similarity,
+    stored_words,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -77,3 +85,26 @@ def _reference_signature(text: str, words: int) -> frozenset[tuple[str, ...]]:
 )
 def test_signature_equals_the_reference_definition(text: str, words: int) -> None:
     assert signature(text, words) == _reference_signature(text, words)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.text(alphabet=st.sampled_from(list("ab Z9 0.,-_\n²٣ßİ")) | st.characters(), max_size=80),
+    st.integers(min_value=1, max_value=4),
+)
+def test_a_signature_from_the_stored_words_is_the_texts(text: str, words: int) -> None:
+    """Retrieve builds its candidates' signatures from the words stored with each chunk: the
+    same set as from the text; without them (or another format) the text is read."""
+    stored = {"text": text, SIGNATURE_WORDS: stored_words(text)}
+    assert payload_signature(stored, words) == signature(text, words)
+    assert payload_signature({"text": text}, words) == signature(text, words)
+    # words of another format are not read as these: the text is
+    other = {"text": text, SIGNATURE_WORDS: "w0:" + stored_words("something else entirely")[3:]}
+    assert payload_signature(other, words) == signature(text, words)
+
+
+def test_stored_words_are_the_signatures_words() -> None:
+    assert stored_words("Ticket #1042: Login FAILS") == "w1:ticket <n> login fails"
+    assert stored_words("") == "w1:"
+    assert payload_signature({SIGNATURE_WORDS: "w1:"}) == frozenset()
+    assert payload_signature({}) == frozenset()

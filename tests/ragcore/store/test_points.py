@@ -16,6 +16,7 @@ from ragcore.store.points import (
     indexed_version,
     row_fields,
 )
+from ragcore.textsim import SIGNATURE_WORDS, payload_signature, signature
 from schemas.entities import EntityVersion
 
 pytestmark = pytest.mark.unit
@@ -91,6 +92,8 @@ def test_a_point_stores_its_texts_term_counts_for_exact_bm25() -> None:
     read = encoder.read_counts(point.payload[TERM_COUNTS])
     assert read is not None and read.to_mapping() == encoder.term_counts(text).to_mapping()
     assert read.length == 8  # "after" is a stopword
+    assert payload_signature(point.payload) == signature(text)
+    assert point.payload[SIGNATURE_WORDS].startswith("w1:pump gx-300 bearings fail after <n>")
 
 
 def test_the_indexed_version_is_the_newest_among_the_chunks() -> None:
