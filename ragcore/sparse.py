@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import Stemmer  # type: ignore[import-not-found]
@@ -194,16 +194,74 @@ class Word:
 
 _INDEX = re.compile(r",([0-9a-f]++):")
 
+#: A query token as exact BM25 looks it up in term counts: its key in stored counts (`term`)
+#: and its sparse index.
+Term = tuple[str, int]
 
-class TermCounts:
+
+def term(index: int) -> Term:
+    """The lookup of a token index in any `TermCounts` (make it once per query token)."""
+    return f",{index:x}:", index
+
+
+class TermCounts(Protocol):
     """How often each token index occurs in a text, and the text's BM25 length (its surface
-    words that have tokens), as the text a chunk's payload stores them (`TERM_COUNTS`):
+    words that have tokens). Tokens are counted by their sparse index (`token_index`), as the
+    engine's vectors and `LexiconStats` count them: two tokens whose 31-bit indices collide
+    count as one."""
+
+    @property
+    def length(self) -> int:
+        """The text's surface words that have tokens."""
+        ...
+
+    def count(self, term: Term) -> int:
+        """How often the token occurs (0: not at all)."""
+        ...
+
+    def __contains__(self, term: Term) -> bool: ...
+
+    def indices(self) -> list[int]:
+        """The token indices that occur."""
+        ...
+
+    def to_mapping(self) -> dict[int, int]:
+        """{token index: count}."""
+        ...
+
+
+class CountedTerms:
+    """`TermCounts` counted from a text (`Bm25Encoder.term_counts`)."""
+
+    __slots__ = ("_counts", "length")
+
+    def __init__(self, counts: Mapping[int, int], length: int) -> None:
+        """From {token index: count} and the text's length."""
+        self._counts = counts
+        self.length = length
+
+    def count(self, term: Term) -> int:
+        """How often the token occurs (0: not at all)."""
+        return self._counts.get(term[1], 0)
+
+    def __contains__(self, term: Term) -> bool:
+        return term[1] in self._counts
+
+    def indices(self) -> list[int]:
+        """The token indices that occur."""
+        return list(self._counts)
+
+    def to_mapping(self) -> dict[int, int]:
+        """{token index: count}."""
+        return dict(self._counts)
+
+
+class StoredTerms:
+    """`TermCounts` as a chunk's payload stores them (`TERM_COUNTS`):
     `<length>,<index>:<count>,<index>:<count>,...,` with the indices in hexadecimal.
 
     Exact BM25 asks a handful of query tokens of ~40 candidates a request: each is one
-    `str.find` in that text (`key`), with nothing decoded first. Tokens are counted by their
-    sparse index (`token_index`), as the engine's vectors and `LexiconStats` count them: two
-    tokens whose 31-bit indices collide count as one."""
+    `str.find` in that text, with nothing decoded first."""
 
     __slots__ = ("_start", "_text", "length")
 
@@ -220,32 +278,23 @@ class TermCounts:
         self._text = text
         self._start = comma  # every entry, the first too, follows a ','
 
-    @classmethod
-    def of(cls, counts: Mapping[int, int], length: int) -> TermCounts:
-        """From {token index: count}."""
-        return cls(cls.text_of(counts, length))
-
     @staticmethod
     def text_of(counts: Mapping[int, int], length: int) -> str:
         """The stored text of {token index: count} and a length (indices in sorted order)."""
         return f"{length}," + "".join([f"{i:x}:{counts[i]}," for i in sorted(counts)])
 
-    @staticmethod
-    def key(index: int) -> str:
-        """What `count` looks a token index up by (make it once per query token)."""
-        return f",{index:x}:"
-
-    def count(self, key: str) -> int:
-        """How often the token of `key` occurs (0: not at all); ValueError when its entry is
+    def count(self, term: Term) -> int:
+        """How often the token occurs (0: not at all); ValueError when its entry is
         malformed."""
+        key = term[0]
         at = self._text.find(key, self._start)
         if at < 0:
             return 0
         begin = at + len(key)
         return int(self._text[begin : self._text.index(",", begin)])
 
-    def __contains__(self, key: str) -> bool:
-        return self._text.find(key, self._start) >= 0
+    def __contains__(self, term: Term) -> bool:
+        return self._text.find(term[0], self._start) >= 0
 
     def indices(self) -> list[int]:
         """The token indices that occur."""
@@ -333,7 +382,7 @@ class Bm25Encoder:
 
     def count_terms(self, text: str) -> TermCounts:
         """`term_counts` without the cache (a scan over a whole index)."""
-        return TermCounts.of(*self._count(text))
+        return CountedTerms(*self._count(text))
 
     def _count(self, text: str) -> tuple[Counter[int], int]:
         # `surface(text, identifiers=False)` without its `Word` objects: every step runs in C
@@ -366,7 +415,7 @@ class Bm25Encoder:
         counts, length = self._count(text)
         return (
             self._document_vector(counts, length),
-            self._counts_tag + TermCounts.text_of(counts, length),
+            self._counts_tag + StoredTerms.text_of(counts, length),
         )
 
     def _document_vector(self, counts: Mapping[int, int], length: int) -> SparseVector:
@@ -394,7 +443,7 @@ class Bm25Encoder:
         tag = self._counts_tag
         if not isinstance(value, str) or not value.startswith(tag):
             return None
-        return TermCounts(value, len(tag))
+        return StoredTerms(value, len(tag))
 
     def encode_query(self, text: str) -> SparseVector:
         """Unique tokens with weight 1 (the engine applies IDF)."""
@@ -571,16 +620,15 @@ class Bm25Scorer:
         avgdl = self.stats.avgdl if self.stats.avgdl > 0 else config.avgdl
         k1, b = config.k1, config.b
         k1_plus_1 = k1 + 1.0
-        key = TermCounts.key
-        terms = [(key(token_index(t)), w) for t, w in zip(query.tokens, query.idf, strict=True)]
-        identifiers = [(t, key(token_index(t))) for t in query.identifiers]
+        terms = [(term(token_index(t)), w) for t, w in zip(query.tokens, query.idf, strict=True)]
+        identifiers = [(t, term(token_index(t))) for t in query.identifiers]
         total = query.idf_sum
         out: list[LexicalMatch] = []
         for c in counts:
             k1_norm = k1 * (1.0 - b + b * float(c.length) / avgdl)
             score = covered = 0.0
-            for term, weight in terms:
-                tf = c.count(term)
+            for looked_up, weight in terms:
+                tf = c.count(looked_up)
                 if tf:
                     score += weight * (tf * k1_plus_1 / (tf + k1_norm))
                     covered += weight

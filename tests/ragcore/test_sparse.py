@@ -19,10 +19,10 @@ from ragcore.sparse import (
     LexicalMatch,
     LexicalQuery,
     LexiconStats,
-    TermCounts,
     bm25_weight,
     idf,
     is_identifier,
+    term,
     token_index,
 )
 from ragcore.store.base import SparseVector
@@ -355,7 +355,7 @@ def test_stored_counts_of_another_tokenization_or_format_are_not_read() -> None:
     broken = english.read_counts(tag + "3,1f:x,")
     assert broken is not None and broken.length == 3
     with pytest.raises(ValueError):
-        broken.count(TermCounts.key(0x1F))
+        broken.count(term(0x1F))
 
 
 @settings(max_examples=100, deadline=None)
