@@ -238,6 +238,10 @@ class Stack:
 
     # --- calls -------------------------------------------------------------------------------
 
+    def sample(self, name: str, **labels: str) -> float:
+        """The server's metric sample `name` with `labels` (0 when it was never set)."""
+        return self.registry.get_sample_value(name, labels) or 0.0
+
     def retrieve(self, caller: str, query: str, **fields: Any) -> pb.EvidencePack:
         request = pb.RetrieveRequest(query_text=query, **fields)
         pack: pb.EvidencePack = self.client.Retrieve(request, metadata=bearer(caller), timeout=30)

@@ -63,10 +63,7 @@ def test_retrieve_embeds_a_repeated_question_once_per_tenant(stack: Stack) -> No
     stack.write("sso-2", "globex", "Pumps ship with SAML single sign-on for the portal.")
 
     def count(outcome: str) -> float:
-        value = stack.registry.get_sample_value(
-            "ragstream_retrieve_query_cache_total", {"outcome": outcome}
-        )
-        return value or 0.0
+        return stack.sample("ragstream_retrieve_query_cache_total", outcome=outcome)
 
     first = stack.retrieve("acme", "how does single sign-on work?")
     again = stack.retrieve("acme", "how does single sign-on work?")

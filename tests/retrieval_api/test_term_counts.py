@@ -69,10 +69,7 @@ def test_retrieve_reads_the_stored_counts_and_counts_the_text_of_older_chunks(
     stack.write("pump-1", "acme", "The GX-300 pump needs new bearings every 30 days.")
 
     def count(source: str) -> float:
-        value = stack.registry.get_sample_value(
-            "ragstream_retrieve_term_counts_total", {"source": source}
-        )
-        return value or 0.0
+        return stack.sample("ragstream_retrieve_term_counts_total", source=source)
 
     question = "what does E-2113 mean for single sign-on?"
     first = stack.retrieve("acme", question)
