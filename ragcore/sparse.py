@@ -50,9 +50,6 @@ from numpy.typing import NDArray
 
 from ragcore.store.base import SparseVector
 
-#: The payload key of a chunk's stored term counts (`Bm25Encoder.encode_chunk`): written with
-#: the chunk, so Retrieve's exact BM25 need not tokenize the text of every candidate.
-TERM_COUNTS = "bm25_terms"
 # The stored counts' format (`TermCounts`' text; t1 was a binary form that never shipped): bump
 # when it changes.
 _COUNTS_FORMAT = "t2"

@@ -34,7 +34,6 @@ from numpy.typing import NDArray
 from ragcore.errors import ManifestMismatchError, RagstreamError
 from ragcore.fusion import FusedHit
 from ragcore.sparse import (
-    TERM_COUNTS,
     Bm25Encoder,
     Bm25Scorer,
     LexicalQuery,
@@ -43,6 +42,7 @@ from ragcore.sparse import (
 )
 from ragcore.store.base import (
     CHUNK_ID,
+    TERM_COUNTS,
     Placement,
     ScoredHit,
     SparseVector,

@@ -43,6 +43,9 @@ SOURCE_HASH = "source_hash"
 #: The mapped SoR table an entity comes from (`TableMapping.label`; a TRUNCATE filters on it).
 SOURCE_TABLE = "source_table"
 EVENT_DATE = "event_date"
+#: A chunk's BM25 term counts as `ragcore.sparse.Bm25Encoder.encode_chunk` stores them: written
+#: with the chunk, so Retrieve's exact BM25 need not tokenize the text of every candidate.
+TERM_COUNTS = "bm25_terms"
 #: In a shared collection, the logical collection (`rag__<tenant>__v<N>`) a point belongs to;
 #: set and filtered by `ragcore.store.tiered.TieredStore` only (docs/decisions/tiered-tenancy.md).
 PARTITION = "ragstream_partition"

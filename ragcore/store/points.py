@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ragcore.embedders.spec import EmbeddingSpec
-from ragcore.sparse import TERM_COUNTS
 from ragcore.store.base import (
     CHUNK_ID,
     ENTITY_ID,
@@ -23,6 +22,7 @@ from ragcore.store.base import (
     SOURCE_HASH,
     SOURCE_TABLE,
     TENANT_ID,
+    TERM_COUNTS,
     ChunkRef,
     DenseVector,
     PointRecord,

@@ -8,8 +8,8 @@ import logging
 import pytest
 
 from ragcore.fusion import FusedHit
-from ragcore.sparse import TERM_COUNTS, Bm25Config, Bm25Encoder, Bm25Scorer, LexiconStats
-from ragcore.store.base import CHUNK_ID, StoreFilter
+from ragcore.sparse import Bm25Config, Bm25Encoder, Bm25Scorer, LexiconStats
+from ragcore.store.base import CHUNK_ID, TERM_COUNTS, StoreFilter
 from retrieval_api.candidates import term_counts
 from tests.retrieval_api.stack import Stack
 

@@ -33,8 +33,8 @@ from ragcore.mapping import TableMapping
 from ragcore.plan import PlanConfig
 from ragcore.prepare import Preparer
 from ragcore.settings import SorSettings, StoreSettings
-from ragcore.sparse import TERM_COUNTS, Bm25Encoder
-from ragcore.store.base import StoredPoint, StoreFilter
+from ragcore.sparse import Bm25Encoder
+from ragcore.store.base import TERM_COUNTS, StoredPoint, StoreFilter
 from ragcore.store.edge import EdgeStore
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker

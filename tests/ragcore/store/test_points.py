@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ragcore.embedders.spec import EmbeddingSpec
-from ragcore.sparse import TERM_COUNTS, Bm25Encoder
-from ragcore.store.base import SOURCE_HASH, SOURCE_TABLE, TENANT_ID, ChunkRef
+from ragcore.sparse import Bm25Encoder
+from ragcore.store.base import SOURCE_HASH, SOURCE_TABLE, TENANT_ID, TERM_COUNTS, ChunkRef
 from ragcore.store.ids import point_id
 from ragcore.store.points import (
     CHUNK_COUNT,
