@@ -191,12 +191,17 @@ _REASON_OF: Mapping[pb.ExclusionReason.ValueType, ExclusionReason] = {
 }
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _timestamp(moment: datetime) -> Timestamp:
     if moment.utcoffset() is None:
         raise ValueError(f"datetime {moment!r} has no timezone")
-    ts = Timestamp()
-    ts.FromDatetime(moment.astimezone(UTC))
-    return ts
+    # what `Timestamp.FromDatetime` computes (whole seconds since the epoch in UTC, the
+    # microseconds as nanos), in integers: its `utctimetuple` + `timegm` cost ~6 us a call
+    # and a pack has one per result
+    since = moment - _EPOCH
+    return Timestamp(seconds=since.days * 86_400 + since.seconds, nanos=since.microseconds * 1_000)
 
 
 def _str(payload: Mapping[str, Any], key: str) -> str:

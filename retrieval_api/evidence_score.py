@@ -56,6 +56,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -414,9 +415,10 @@ class EvidenceCalibration:
         """The model was fitted with a reranker's score."""
         return RERANK_FEATURE in self.model.features
 
-    @property
+    @cached_property
     def fingerprint(self) -> str:
-        """A short hash of the model, ranking and thresholds (not the report or the time)."""
+        """A short hash of the model, ranking and thresholds (not the report or the time);
+        computed once per calibration (every pack names it; all it hashes is frozen)."""
         doc = {
             "model": self.model.to_dict(),
             "query_model": self.query_model.to_dict(),

@@ -189,16 +189,20 @@ class QdrantEngine(ABC):
         )
 
     @staticmethod
-    def _hits(points: Sequence[Any], tenant_id: str) -> list[ScoredHit]:
-        hits = [
-            ScoredHit(
-                point_id=str(p.id),
-                score=float(p.score),
-                payload=_visible(p.payload),
-                dense=split_engine_vectors(p.vector)[0],
+    def _hits(
+        points: Sequence[Any], tenant_id: str, known: Mapping[str, ScoredHit] | None = None
+    ) -> list[ScoredHit]:
+        """The engine's points as hits; a point among `known` (hits of the same round trip)
+        shares that hit's payload: one conversion from the engine, and a hybrid result's
+        pickle (the store host's reply) carries a payload both branches found once."""
+        hits: list[ScoredHit] = []
+        for p in points:
+            point_id = str(p.id)
+            seen = known.get(point_id) if known else None
+            payload = seen.payload if seen is not None else _visible(p.payload)
+            hits.append(
+                ScoredHit(point_id, float(p.score), payload, split_engine_vectors(p.vector)[0])
             )
-            for p in points
-        ]
         check_tenant(hits, tenant_id)  # a hit of another tenant is an engine error, never data
         return hits
 
@@ -275,7 +279,11 @@ class QdrantEngine(ABC):
             )
         results = self._run(name, requests)
         dense_hits = self._hits(results[0], filter.tenant_id)
-        sparse_hits = self._hits(results[1], filter.tenant_id) if len(results) > 1 else []
+        sparse_hits = (
+            self._hits(results[1], filter.tenant_id, {h.point_id: h for h in dense_hits})
+            if len(results) > 1
+            else []
+        )
         if sparse_dense_scores and sparse_hits:
             # the sparse hits' cosine: the dense branch's score of the points it found too,
             # one dense query restricted to the others (see `_dense_scores`)

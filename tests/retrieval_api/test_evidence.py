@@ -8,11 +8,14 @@ from datetime import UTC, datetime
 
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
+from hypothesis import given
+from hypothesis import strategies as st
 
 from retrieval_api.evidence import (
     CalibrationInfo,
     IndexInfo,
     Verdict,
+    _timestamp,
     build_pack,
     entities_to_verify,
     error_pack,
@@ -380,3 +383,15 @@ def test_near_duplicates_are_one_result_listing_the_others_after_the_sor_check()
         ("t2:chunk:0", pb.EXCLUSION_REASON_DELETED),
     ]
     assert pack.debug.collapsed == 3 and pack.debug.verified == 5
+
+
+@given(st.datetimes(timezones=st.timezones()))
+def test_a_timestamp_is_what_the_protobuf_conversion_makes_of_the_moment(moment: datetime) -> None:
+    reference = Timestamp()
+    reference.FromDatetime(moment.astimezone(UTC))
+    assert _timestamp(moment) == reference
+
+
+def test_a_naive_moment_has_no_timestamp() -> None:
+    with pytest.raises(ValueError, match="no timezone"):
+        _timestamp(datetime(2024, 7, 1, 8, 30))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from datetime import UTC, datetime
@@ -222,6 +223,10 @@ def test_calibration_round_trips_as_json_with_a_stable_fingerprint() -> None:
     assert again.ranking.label == "dbsf(dense 0.7, lexical 0.3)"
     later = EvidenceCalibration.from_json(text.replace("2026-01-02", "2027-05-06"))
     assert later.fingerprint == fitted.fingerprint  # the time is not part of the identity
+    # computed once per calibration; a changed copy has its own
+    assert fitted.fingerprint is fitted.fingerprint
+    moved = dataclasses.replace(fitted, thresholds=EvidenceThresholds(0.25, 0.6, 0.85))
+    assert moved.fingerprint != fitted.fingerprint
 
 
 def test_a_calibration_of_another_feature_set_or_garbage_is_refused() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from datetime import UTC, datetime
 
 import numpy as np
@@ -114,3 +115,24 @@ def test_hybrid_result_fuses_to_its_limit() -> None:
     sparse = tuple(ScoredHit(f"s{i}", 5.0 - i, {"chunk_id": f"s{i}"}) for i in range(5))
     fused = HybridResult(dense, sparse, limit=3).fused(dense_weight=1.0, sparse_weight=0.5)
     assert [h.point_id for h in fused] == ["d0", "d1", "d2"]
+
+
+def test_hits_and_points_pickle_to_equal_values() -> None:
+    # the store host sends them to other processes by pickle (`ScoredHit.__reduce__`)
+    vector = np.arange(4, dtype=np.float32)
+    sparse = SparseVector((1, 7), (0.5, 2.0))
+    values: list[ScoredHit | StoredPoint] = [
+        ScoredHit("p1", 0.25, PAYLOAD),
+        ScoredHit("p2", 0.5, PAYLOAD, vector, 0.125),
+        StoredPoint("p1", PAYLOAD),
+        StoredPoint("p2", PAYLOAD, vector, sparse),
+    ]
+    for value in values:
+        back = pickle.loads(pickle.dumps(value))
+        assert type(back) is type(value)
+        for name in value.__dataclass_fields__:
+            mine, theirs = getattr(value, name), getattr(back, name)
+            if isinstance(mine, np.ndarray):
+                assert isinstance(theirs, np.ndarray) and np.array_equal(theirs, mine)
+            else:
+                assert theirs == mine

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from tests.ragcore.store.contract import (
     COLLECTION,
     DIM,
     DOCS,
+    ENCODER,
     SCHEMA,
     SPEC,
     RegistryContract,
@@ -24,6 +26,7 @@ from tests.ragcore.store.contract import (
     StoreFactory,
     VectorStoreContract,
     acme,
+    axis,
     record,
 )
 
@@ -92,6 +95,38 @@ class TestEdgeStore(VectorStoreContract):
                 for h in store.search_dense(COLLECTION, [1.0] + [0.0] * (DIM - 1), acme(), limit=6)
             ]
             assert after == before
+        finally:
+            store.close()
+
+    def test_a_point_both_hybrid_branches_found_is_read_and_pickled_once(
+        self, tmp_path: Path
+    ) -> None:
+        # the sparse branch's hit of a point the dense branch found shares its payload: one
+        # conversion from the engine, one copy in the store host's pickled reply
+        store = EdgeStore(tmp_path, schema=SCHEMA)
+        try:
+            store.ensure_collection(COLLECTION, DIM)
+            store.upsert(COLLECTION, [record(d) for d in DOCS])
+            result = store.search_hybrid(
+                COLLECTION,
+                axis(0),
+                ENCODER.encode_query("billing"),
+                acme(),
+                limit=6,
+                prefetch_limit=6,
+                sparse_dense_scores=True,
+            )
+            dense = {h.point_id: h for h in result.dense}
+            shared = [h for h in result.sparse if h.point_id in dense]
+            assert shared and len(shared) < len(result.sparse) + len(result.dense)
+            for hit in shared:
+                assert hit.payload is dense[hit.point_id].payload
+            back = pickle.loads(pickle.dumps(result))
+            again = {h.point_id: h for h in back.dense}
+            for hit in back.sparse:
+                if hit.point_id in again:
+                    assert hit.payload is again[hit.point_id].payload
+            assert back.sparse == result.sparse and back.dense == result.dense
         finally:
             store.close()
 
