@@ -169,6 +169,21 @@ class TableMapping(BaseModel):
             return (self.document.column,)
         return self.content_columns
 
+    def verdict_columns(self) -> list[str] | None:
+        """The columns a verification verdict reads when the table stores each row's content
+        hash: the key, tenant, type, soft-delete and hash columns (None without a hash column:
+        the hash is computed from the content, so every column is read)."""
+        if self.content_hash_column is None:
+            return None
+        named = [
+            *self.key_columns,
+            self.tenant_column,
+            self.type_column,
+            self.deleted_at_column,
+            self.content_hash_column,
+        ]
+        return list(dict.fromkeys(c for c in named if c is not None))
+
     def columns(self) -> list[str]:
         """Every column the mapping reads, without duplicates, in a stable order."""
         named = [

@@ -137,6 +137,9 @@ class SqlShape:
         self.ph = placeholder
         self.columns = mapping.columns()
         self.select_list = ", ".join(q(c) for c in self.columns)
+        verdict = mapping.verdict_columns()
+        #: what a verdict selects (`TableMapping.verdict_columns`; None: `select_list`)
+        self.verdict_list = None if verdict is None else ", ".join(q(c) for c in verdict)
         self._keys = [q(c) for c in mapping.key_columns]
 
     def _key_expr(self) -> str:
@@ -158,13 +161,15 @@ class SqlShape:
         """The parameter of the tenant clause (none for a constant-tenant table)."""
         return [] if self.mapping.tenant_column is None else [tenant_id]
 
-    def by_keys(self, n: int, with_tenant: bool) -> str:
-        """SELECT the mapped columns of `n` keys (optionally within one tenant)."""
+    def by_keys(self, n: int, with_tenant: bool, *, verdicts: bool = False) -> str:
+        """SELECT the mapped columns of `n` keys (optionally within one tenant); `verdicts`:
+        only the columns a verdict reads, when the table has fewer (`verdict_list`)."""
         marks = ", ".join([self._key_marks()] * n)
         where = f"{self._key_expr()} IN ({marks})"
         if with_tenant:
             where += self._tenant_clause()
-        return f"SELECT {self.select_list} FROM {self.table} WHERE {where}"
+        columns = self.verdict_list if verdicts and self.verdict_list else self.select_list
+        return f"SELECT {columns} FROM {self.table} WHERE {where}"
 
     def probe(self) -> str:
         """SELECT the mapped columns of no row: fails exactly when a mapped column or the

@@ -19,7 +19,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from ragcore.errors import SorTableError, SorUnavailableError
-from ragcore.mapping import TableCatalog, TableMapping
+from ragcore.mapping import RowView, TableCatalog, TableMapping
 from ragcore.plan import ContentHasher
 from ragcore.sor.base import (
     SlotState,
@@ -76,7 +76,12 @@ class _SqlReader:
         raise NotImplementedError
 
     def _rows_by_keys(
-        self, mapping: TableMapping, keys: Sequence[tuple[str, ...]], tenant_id: str | None
+        self,
+        mapping: TableMapping,
+        keys: Sequence[tuple[str, ...]],
+        tenant_id: str | None,
+        *,
+        verdicts: bool = False,
     ) -> list[dict[str, Any]]:
         shape = self._shapes[mapping.label]
         rows: list[dict[str, Any]] = []
@@ -86,8 +91,25 @@ class _SqlReader:
             with_tenant = tenant_id is not None and mapping.tenant_column is not None
             if with_tenant and tenant_id is not None:
                 params += shape.tenant_params(tenant_id)
-            rows += self._query(shape.by_keys(len(part), with_tenant), params, mapping.table)
+            sql = shape.by_keys(len(part), with_tenant, verdicts=verdicts)
+            rows += self._query(sql, params, mapping.table)
         return rows
+
+    def _verdict_rows(
+        self, mapping: TableMapping, keys: Sequence[tuple[str, ...]], tenant_id: str
+    ) -> list[dict[str, Any]]:
+        """The rows `row_to_verdict` needs: a table storing content hashes is read without its
+        content (Retrieve verifies every hit, and a document's content may be large); a row
+        whose stored hash is empty is read again whole, its hash computed as ingest does."""
+        rows = self._rows_by_keys(mapping, keys, tenant_id, verdicts=True)
+        column = mapping.content_hash_column
+        if column is None:
+            return rows  # read whole already
+        bare = [r for r in rows if not r.get(column)]
+        if not bare:
+            return rows
+        again = [mapping.key_of(mapping.row_entity_id(RowView(r, "sor"))) for r in bare]
+        return [r for r in rows if r.get(column)] + self._rows_by_keys(mapping, again, tenant_id)
 
     def verify(self, tenant_id: str, entity_ids: Sequence[str]) -> dict[str, SorVerdict]:
         """Existence, soft deletion and content hash of each id (missing ids: exists=False;
@@ -99,7 +121,7 @@ class _SqlReader:
                 out.update(missing_verdicts(ids, mapped=True))
                 continue
             try:
-                rows = self._rows_by_keys(mapping, keys, tenant_id)
+                rows = self._verdict_rows(mapping, keys, tenant_id)
             except SorTableError as exc:
                 # one broken table must not fail every request: its hits are unverifiable
                 log.error("cannot verify entities of %s: %s", mapping.table, exc)

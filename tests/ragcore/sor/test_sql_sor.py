@@ -176,6 +176,35 @@ def test_probe_names_the_tables_it_cannot_read_and_a_renamed_column(
 
 
 @pytest.mark.integration
+def test_a_verdict_reads_the_stored_hash_not_the_content(
+    either_sor: PostgresSor | SqliteSor, postgres: PostgresCluster, tmp_path: Path
+) -> None:
+    # `entities` stores each row's hash: verification selects the key, tenant, type,
+    # soft-delete and hash columns only (a document's content may be large, and every
+    # Retrieve verifies its hits), so it still answers with the content column renamed
+    sor = either_sor
+    tables = {m.table_name: m.table for m in sor.catalog}
+    before = sor.verify("acme", ["entities:e1", "entities:e2", "entities:e3"])
+    rename = "ALTER TABLE {} RENAME COLUMN content TO body"
+    if isinstance(sor, PostgresSor):
+        with psycopg.connect(postgres.dsn, autocommit=True) as pg:
+            pg.execute(rename.format(tables["entities"]).encode())
+    else:
+        lite = sqlite3.connect(tmp_path / "sor.db")
+        lite.execute(rename.format("entities"))
+        lite.commit()
+        lite.close()
+    stored = sor.verify("acme", ["entities:e1", "entities:e3"])
+    assert stored == {k: before[k] for k in ("entities:e1", "entities:e3")}
+    assert stored["entities:e1"].content_hash == "h1" and stored["entities:e3"].deleted
+    # e2 has no stored hash: its row is read whole to compute it, which now fails, and a
+    # table that cannot be read makes its hits unverifiable, never denied
+    unread = sor.verify("acme", ["entities:e1", "entities:e2"])
+    assert not any(v.mapped or v.exists for v in unread.values())
+    assert tables["entities"] in sor.probe_tables()
+
+
+@pytest.mark.integration
 def test_replication_slots_show_the_wal_an_inactive_slot_retains(
     pg_sor: PostgresSor, postgres: PostgresCluster
 ) -> None:
