@@ -8,7 +8,9 @@ serves a data dir built by `ragstream bench retrieve --data-dir DIR` (or
 `ragdev.bench.profile_retrieve`) with `RetrieveProcesses` (2 server processes, this process
 hosting the store, as the benchmark does), or with the floor's servers (`--floor`), drives
 `--queries` calls through the benchmark's load generator, and reads each thread's CPU
-(user + system, `/proc/PID/task/TID/stat`) before and after: CPU per request by process role
+(user + system, `/proc/PID/task/TID/stat`, by thread id; what threads that ended meanwhile
+used is the process total less its live threads, `EXITED`) before and after: CPU per request
+by process role
 (server process, store host) and thread (the asyncio loop is the main thread of a server
 process; pool threads run the pipeline; qdrant-edge's search threads are `edge-search-N`).
 With `--py-spy PREFIX` it also records each server process with py-spy (the thread holding
@@ -32,6 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,19 +61,33 @@ from ragdev.bench.retrieve import (
     _Server,
     server_settings,
 )
-from retrieval_api.processes import RetrieveProcesses, serving_settings
+from retrieval_api.processes import RetrieveProcesses, process_cpu_seconds, serving_settings
 
-__all__ = ["main", "thread_cpu_seconds"]
+__all__ = ["EXITED", "ThreadCpu", "cpu_used", "main", "thread_cpu"]
 
 log = logging.getLogger(__name__)
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def thread_cpu_seconds(pid: int) -> dict[str, float]:
-    """User + system CPU seconds of each thread of `pid`, summed by thread name (the main
-    thread is named `main`); threads that ended are not counted."""
-    out: dict[str, float] = {}
+#: The key of the CPU of threads that ended between two readings (`cpu_used`).
+EXITED = "(exited threads)"
+
+
+@dataclass(frozen=True)
+class ThreadCpu:
+    """One reading of a process's CPU: its total (user + system, threads that ended
+    included, as the kernel keeps it) and each live thread's, by thread id."""
+
+    total: float
+    threads: dict[int, tuple[str, float]]
+
+
+def thread_cpu(pid: int) -> ThreadCpu:
+    """User + system CPU seconds of process `pid` and of each of its live threads (the main
+    thread is named `main`)."""
+    threads: dict[int, tuple[str, float]] = {}
+    total = process_cpu_seconds(pid)
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             name = Path(f"/proc/{pid}/task/{tid}/comm").read_text(encoding="utf-8").strip()
@@ -79,8 +96,27 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
             continue  # the thread ended between the listing and the read
         # fields after the name (which may hold spaces): utime and stime are the 12th/13th
         fields = stat[stat.rindex(")") + 2 :].split()
-        key = "main" if int(tid) == pid else name
-        out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / _TICKS
+        seconds = (int(fields[11]) + int(fields[12])) / _TICKS
+        threads[int(tid)] = ("main" if int(tid) == pid else name, seconds)
+    return ThreadCpu(total, threads)
+
+
+def cpu_used(before: ThreadCpu, after: ThreadCpu) -> dict[str, float]:
+    """CPU seconds used between two readings, summed by thread name, by thread id: a thread
+    that started in between counts from zero, and what threads that ended in between used
+    (the process total less its live threads) is `EXITED`. qdrant-edge's search threads come
+    and go: summing by name alone lost the CPU of a thread that ended, and a new thread of an
+    old name was set against the old one's time."""
+    out: dict[str, float] = {}
+    for tid, (name, seconds) in after.threads.items():
+        start = before.threads.get(tid)
+        used = seconds - (start[1] if start is not None and start[0] == name else 0.0)
+        out[name] = out.get(name, 0.0) + used
+    # read the process total first and its threads after: a thread may gain a tick
+    # between the two reads, so a negative remainder within a tick per thread is noise
+    exited = (after.total - before.total) - sum(out.values())
+    if exited > 0:
+        out[EXITED] = exited
     return out
 
 
@@ -157,7 +193,7 @@ def run(
         _drive(server, _questions(prose, 64, rng), 16, tmp)  # warm-up: 16 connections
         measured = _questions(prose, queries, rng)
         me = os.getpid()
-        before = {pid: thread_cpu_seconds(pid) for pid in [*pids, me]}
+        before = {pid: thread_cpu(pid) for pid in [*pids, me]}
         spies = []
         if py_spy is not None:
             py_spy.parent.mkdir(parents=True, exist_ok=True)
@@ -168,7 +204,7 @@ def run(
         began = time.perf_counter()
         done = _drive(server, measured, concurrency, tmp)
         wall = time.perf_counter() - began
-        after = {pid: thread_cpu_seconds(pid) for pid in [*pids, me]}
+        after = {pid: thread_cpu(pid) for pid in [*pids, me]}
         for spy in spies:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
@@ -176,8 +212,7 @@ def run(
     rows: list[dict[str, Any]] = []
     for pid in [*pids, me]:
         role = "store host" if pid == me else "server process"
-        for name, seconds in sorted(after[pid].items()):
-            used = seconds - before[pid].get(name, 0.0)
+        for name, used in sorted(cpu_used(before[pid], after[pid]).items()):
             if used > 0:
                 rows.append(
                     {

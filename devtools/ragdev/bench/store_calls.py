@@ -43,7 +43,7 @@ from ragcore.store.registry import FileIndexRegistry
 from ragcore.wiring import payload_schema
 from ragdev.bench.machine import machine_info
 from ragdev.bench.retrieve import TENANT, WINDOW, _content_words, _Prose, _questions, _sentences
-from ragdev.bench.retrieve_threads import thread_cpu_seconds
+from ragdev.bench.retrieve_threads import EXITED, cpu_used, thread_cpu
 from retrieval_api.settings import RetrieveSettings
 
 __all__ = ["main", "run"]
@@ -109,14 +109,16 @@ def run(
                 calls()  # warm-up: connection, caches
                 me = os.getpid()
                 for _ in range(rounds):
-                    before = thread_cpu_seconds(me)
+                    before = thread_cpu(me)
                     mine = time.thread_time()
                     calls()
                     mine = time.thread_time() - mine
-                    after = thread_cpu_seconds(me)
-                    used = {k: v - before.get(k, 0.0) for k, v in after.items()}
-                    edge = sum(v for k, v in used.items() if k.startswith("edge-search"))
-                    python = sum(v for k, v in used.items() if not k.startswith("edge-search"))
+                    used = cpu_used(before, thread_cpu(me))
+                    # the threads that ended meanwhile are the engine's (its search pool's
+                    # threads come and go; this process starts no others during the calls)
+                    engine = {k for k in used if k.startswith("edge-search") or k == EXITED}
+                    edge = sum(v for k, v in used.items() if k in engine)
+                    python = sum(v for k, v in used.items() if k not in engine)
                     rows.append((mine, python - mine, edge))
             finally:
                 hosted.close()
