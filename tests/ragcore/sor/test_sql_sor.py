@@ -152,6 +152,27 @@ def either_sor(request: pytest.FixtureRequest) -> PostgresSor | SqliteSor:
     return value
 
 
+def _rename_column(
+    sor: PostgresSor | SqliteSor,
+    postgres: PostgresCluster,
+    tmp_path: Path,
+    table: str,
+    *,
+    old: str,
+    new: str,
+) -> None:
+    """Rename a column of the SoR behind `sor` (the fixtures' database), as a schema change."""
+    if isinstance(sor, PostgresSor):
+        qualified = {m.table_name: m.table for m in sor.catalog}[table]
+        with psycopg.connect(postgres.dsn, autocommit=True) as pg:
+            pg.execute(f"ALTER TABLE {qualified} RENAME COLUMN {old} TO {new}".encode())
+    else:
+        lite = sqlite3.connect(tmp_path / "sor.db")
+        lite.execute(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}")
+        lite.commit()
+        lite.close()
+
+
 @pytest.mark.integration
 def test_probe_names_the_tables_it_cannot_read_and_a_renamed_column(
     either_sor: PostgresSor | SqliteSor, postgres: PostgresCluster, tmp_path: Path
@@ -161,15 +182,7 @@ def test_probe_names_the_tables_it_cannot_read_and_a_renamed_column(
     # the mapped table that does not exist is unreadable; the others are fine
     assert set(sor.probe_tables()) == {tables["ghosts"]}
     # a mapped content column renamed in the SoR makes its table unreadable, naming the column
-    rename = "ALTER TABLE {} RENAME COLUMN note TO remark"
-    if isinstance(sor, PostgresSor):
-        with psycopg.connect(postgres.dsn, autocommit=True) as pg:
-            pg.execute(rename.format(tables["order_lines"]).encode())
-    else:
-        lite = sqlite3.connect(tmp_path / "sor.db")
-        lite.execute(rename.format("order_lines"))
-        lite.commit()
-        lite.close()
+    _rename_column(sor, postgres, tmp_path, "order_lines", old="note", new="remark")
     found = sor.probe_tables()
     assert set(found) == {tables["ghosts"], tables["order_lines"]}
     assert "note" in found[tables["order_lines"]]
@@ -185,15 +198,7 @@ def test_a_verdict_reads_the_stored_hash_not_the_content(
     sor = either_sor
     tables = {m.table_name: m.table for m in sor.catalog}
     before = sor.verify("acme", ["entities:e1", "entities:e2", "entities:e3"])
-    rename = "ALTER TABLE {} RENAME COLUMN content TO body"
-    if isinstance(sor, PostgresSor):
-        with psycopg.connect(postgres.dsn, autocommit=True) as pg:
-            pg.execute(rename.format(tables["entities"]).encode())
-    else:
-        lite = sqlite3.connect(tmp_path / "sor.db")
-        lite.execute(rename.format("entities"))
-        lite.commit()
-        lite.close()
+    _rename_column(sor, postgres, tmp_path, "entities", old="content", new="body")
     stored = sor.verify("acme", ["entities:e1", "entities:e3"])
     assert stored == {k: before[k] for k in ("entities:e1", "entities:e3")}
     assert stored["entities:e1"].content_hash == "h1" and stored["entities:e3"].deleted
