@@ -66,9 +66,15 @@ class UnsupportedOperationError(DecodeError):
 
 
 class MappingError(RagstreamError):
-    """A decoded row cannot be mapped to an entity (no tenant, no id, TOAST-only content...)."""
+    """A decoded row cannot be mapped to an entity (no tenant, no id, TOAST-only content...).
+
+    `column` names the column at fault when one is (it travels to the DLQ headers)."""
 
     code = "MAPPING_ERROR"
+
+    def __init__(self, message: str, *, code: str | None = None, column: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.column = column
 
 
 class DocumentError(MappingError):
@@ -77,8 +83,8 @@ class DocumentError(MappingError):
 
     code = "DOCUMENT_CORRUPT"
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message, code=code)
+    def __init__(self, code: str, message: str, *, column: str | None = None) -> None:
+        super().__init__(message, code=code, column=column)
 
 
 class SchemaDriftError(MappingError):
@@ -89,7 +95,7 @@ class SchemaDriftError(MappingError):
     code = "SCHEMA_DRIFT"
 
     def __init__(self, message: str, *, table: str, columns: tuple[str, ...]) -> None:
-        super().__init__(message)
+        super().__init__(message, column=",".join(columns))
         self.table = table
         self.columns = columns
 

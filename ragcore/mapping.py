@@ -22,11 +22,11 @@ from typing import Any, TypeVar
 from urllib.parse import unquote
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ragcore.documents.source import DocumentSource
 from ragcore.errors import ConfigError, InvalidTenantError, MappingError
-from ragcore.store.ids import validate_tenant
+from ragcore.store.ids import TenantId
 from schemas.entities import ContentFormat, EntityVersion
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -68,6 +68,7 @@ class TableMapping(BaseModel):
     key_columns: tuple[str, ...] = Field(default=("id",), min_length=1)
     #: The column naming the tenant; None when the whole table belongs to `tenant`.
     tenant_column: str | None = "company_id"
+    #: The tenant of every row when the table belongs to one tenant (a valid tenant name).
     tenant: str | None = None
     type_column: str | None = "entity_type"
     #: Entity type when there is no type column or it is null (default: the name, upper case).
@@ -112,6 +113,16 @@ class TableMapping(BaseModel):
                 raise ValueError("give key_columns or id_column, not both")
             data["key_columns"] = (data.pop("id_column"),)
         return data
+
+    @field_validator("tenant")
+    @classmethod
+    def _valid_tenant(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return TenantId(value)
+        except InvalidTenantError as exc:
+            raise ValueError(str(exc)) from None
 
     @model_validator(mode="after")
     def _check(self) -> TableMapping:
@@ -230,20 +241,20 @@ class TableMapping(BaseModel):
         """The entity id of a row (or a Kafka key) that carries the key columns."""
         return self.entity_id([row.required_text(c) for c in self.key_columns])
 
-    def row_tenant(self, row: RowView) -> str:
+    def row_tenant(self, row: RowView) -> TenantId:
         """The row's tenant: its tenant column, or the table's constant tenant. A tenant name
         the index cannot hold is a MappingError (the record goes to the DLQ)."""
         if self.tenant is not None:
-            return self.tenant
+            return TenantId(self.tenant)  # validated into one (`_valid_tenant`)
         assert self.tenant_column is not None  # validated: exactly one is set
         return _tenant_name(row.required_text(self.tenant_column), row, self.tenant_column)
 
-    def row_tenant_if_known(self, row: RowView) -> str | None:
+    def row_tenant_if_known(self, row: RowView) -> TenantId | None:
         """The tenant when the row carries it. A delete's `before` under REPLICA IDENTITY
         DEFAULT holds the key only: Debezium fills the other NOT NULL columns with empty
         values, so an empty tenant means unknown."""
         if self.tenant is not None:
-            return self.tenant
+            return TenantId(self.tenant)
         value = row.optional_text(self.tenant_column)
         if value is None or not value.strip():
             return None
@@ -251,11 +262,11 @@ class TableMapping(BaseModel):
         return _tenant_name(value.strip(), row, self.tenant_column)
 
 
-def _tenant_name(value: str, row: RowView, column: str) -> str:
+def _tenant_name(value: str, row: RowView, column: str) -> TenantId:
     try:
-        return validate_tenant(value)
+        return TenantId(value)
     except InvalidTenantError as exc:
-        raise MappingError(f"{row.where}: column {column!r}: {exc}") from exc
+        raise MappingError(f"{row.where}: column {column!r}: {exc}", column=column) from exc
 
 
 def table_of_entity(entity_id: str) -> str:
@@ -373,15 +384,19 @@ class RowView:
     def required_text(self, column: str) -> str:
         """A non-empty string (ints are accepted for id-like columns)."""
         if column not in self._row:
-            raise MappingError(f"{self._where}: column {column!r} is missing")
+            raise MappingError(f"{self._where}: column {column!r} is missing", column=column)
         value = self._row[column]
         if isinstance(value, bool) or value is None:
-            raise MappingError(f"{self._where}: column {column!r} is null or not text")
+            raise MappingError(
+                f"{self._where}: column {column!r} is null or not text", column=column
+            )
         if isinstance(value, int | str | Decimal):
             text = str(value).strip()
             if text:
                 return text
-        raise MappingError(f"{self._where}: column {column!r} must be a non-empty string or int")
+        raise MappingError(
+            f"{self._where}: column {column!r} must be a non-empty string or int", column=column
+        )
 
     def optional_text(self, column: str | None) -> str | None:
         """A string, or None when the column is absent or null."""
@@ -392,13 +407,19 @@ class RowView:
             return value
         if isinstance(value, int | float | Decimal) and not isinstance(value, bool):
             return str(value)
-        raise MappingError(f"{self._where}: column {column!r} must be text, got {_kind(value)}")
+        raise MappingError(
+            f"{self._where}: column {column!r} must be text, got {_kind(value)}", column=column
+        )
 
     def optional_time(self, column: str | None) -> datetime | None:
         """A UTC datetime from a datetime, an ISO string or epoch microseconds (MicroTimestamp)."""
         if column is None or self._row.get(column) is None:
             return None
-        return to_datetime(self._row[column], f"{self._where}: column {column!r}")
+        try:
+            return to_datetime(self._row[column], f"{self._where}: column {column!r}")
+        except MappingError as exc:
+            exc.column = column
+            raise
 
     def value(self, column: str | None) -> Any:
         """The raw decoded value, or None."""
@@ -444,23 +465,69 @@ def epoch_us(moment: datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-def parse_metadata(value: object, where: str) -> dict[str, Any]:
+#: How deep a JSON value (a metadata object, a JSON column) may nest. Python's parser stops at
+#: its recursion limit with a RecursionError, and every later walk of the value (rendering,
+#: payloads) recurses too: a deeper value is refused as the row's fault, naming the column.
+MAX_JSON_DEPTH = 64
+
+
+def json_depth(value: object, limit: int = MAX_JSON_DEPTH) -> int:
+    """How deep `value` nests (a scalar: 0, `[]`: 1), counted without recursion; stops counting
+    past `limit` (returns `limit + 1`)."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping | list | tuple):
+            depth += 1
+            if depth > limit:
+                return limit + 1
+            deepest = max(deepest, depth)
+            children = item.values() if isinstance(item, Mapping) else item
+            stack.extend((child, depth) for child in children)
+    return deepest
+
+
+def _loads(text: str, where: str, what: str, column: str | None) -> object:
+    """JSON text parsed, or the row's MappingError (invalid, or nested past `MAX_JSON_DEPTH`)."""
+    try:
+        parsed: object = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MappingError(f"{where}: {what} is not valid JSON ({exc.msg})", column=column) from exc
+    except RecursionError:
+        raise MappingError(
+            f"{where}: {what} nests deeper than {MAX_JSON_DEPTH} levels", column=column
+        ) from None
+    _check_depth(parsed, where, what, column)
+    return parsed
+
+
+def _check_depth(value: object, where: str, what: str, column: str | None) -> None:
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise MappingError(
+            f"{where}: {what} nests deeper than {MAX_JSON_DEPTH} levels", column=column
+        )
+
+
+def parse_metadata(value: object, where: str, column: str | None = None) -> dict[str, Any]:
     """The metadata column as a dict: JSON/JSONB arrives as a string (io.debezium.data.Json)."""
     if value is None:
         return {}
     if isinstance(value, Mapping):
+        _check_depth(value, where, "metadata", column)
         return dict(value)
     if isinstance(value, str):
         if not value.strip():
             return {}
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise MappingError(f"{where}: metadata is not valid JSON ({exc.msg})") from exc
+        parsed = _loads(value, where, "metadata", column)
         if isinstance(parsed, dict):
             return parsed
-        raise MappingError(f"{where}: metadata must be a JSON object, got {_kind(parsed)}")
-    raise MappingError(f"{where}: metadata must be a JSON object, got {_kind(value)}")
+        raise MappingError(
+            f"{where}: metadata must be a JSON object, got {_kind(parsed)}", column=column
+        )
+    raise MappingError(
+        f"{where}: metadata must be a JSON object, got {_kind(value)}", column=column
+    )
 
 
 def parse_format(value: object, default: ContentFormat, where: str) -> ContentFormat:
@@ -495,7 +562,7 @@ def column_text(row: RowView, column: str, mapping: TableMapping) -> str:
     if value is None:
         return ""
     if column in mapping.json_columns or isinstance(value, Mapping | list):
-        return render_json(parse_json(value, f"{row.where}: column {column!r}"))
+        return render_json(parse_json(value, f"{row.where}: column {column!r}", column))
     return row.optional_text(column) or ""
 
 
@@ -509,23 +576,25 @@ def content_of(row: RowView, mapping: TableMapping) -> str:
 
 def metadata_of(row: RowView, mapping: TableMapping) -> dict[str, Any]:
     """The metadata object column merged with the copied metadata columns."""
-    metadata = parse_metadata(row.value(mapping.metadata_column), row.where)
+    metadata = parse_metadata(
+        row.value(mapping.metadata_column), row.where, mapping.metadata_column
+    )
     for column in mapping.metadata_columns:
         value = row.value(column)
         if column in mapping.json_columns and value is not None:
-            value = parse_json(value, f"{row.where}: column {column!r}")
+            value = parse_json(value, f"{row.where}: column {column!r}", column)
+        elif json_depth(value) > MAX_JSON_DEPTH:
+            _check_depth(value, row.where, f"column {column!r}", column)
         metadata[column] = _plain(value)
     return metadata
 
 
-def parse_json(value: object, where: str) -> object:
-    """A JSON column's value (a string for io.debezium.data.Json, or already parsed)."""
+def parse_json(value: object, where: str, column: str | None = None) -> object:
+    """A JSON column's value (a string for io.debezium.data.Json, or already parsed), nested
+    at most `MAX_JSON_DEPTH` levels."""
     if isinstance(value, str):
-        try:
-            parsed: object = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise MappingError(f"{where}: not valid JSON ({exc.msg})") from exc
-        return parsed
+        return _loads(value, where, "the value", column)
+    _check_depth(value, where, "the value", column)
     return value
 
 

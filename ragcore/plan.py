@@ -40,7 +40,7 @@ from ragcore.documents.source import (
     document_format,
     encode_document,
 )
-from ragcore.errors import ConfigError, MappingError, SchemaDriftError
+from ragcore.errors import ConfigError, InvalidTenantError, MappingError, SchemaDriftError
 from ragcore.mapping import (
     RowView,
     TableCatalog,
@@ -50,6 +50,7 @@ from ragcore.mapping import (
     parse_format,
     version_of,
 )
+from ragcore.store.ids import TenantId
 from schemas.entities import ContentFormat, Entity, EntityVersion
 from schemas.events import ChangeEvent, Op, RecordKind, RecordPosition
 
@@ -131,11 +132,12 @@ class Plan:
     reason: str
     position: RecordPosition
     op: Op | None = None
-    tenant_id: str | None = None  # None on a delete whose row carried no tenant column
+    tenant_id: TenantId | None = None  # None on a delete whose row carried no tenant column
     entity_id: str | None = None
     version: EntityVersion | None = None
     entity: Entity | None = None  # set for UPSERT
-    previous_tenant_id: str | None = None  # the row moved from this tenant (delete it there)
+    #: the row moved from this tenant (delete it there); validated like `tenant_id`
+    previous_tenant_id: TenantId | None = None
     table: str | None = None  # the mapped table's name (`TableMapping.label`)
     source_ts_ms: int | None = None  # SoR commit time, for freshness
     detail: str = ""
@@ -262,6 +264,42 @@ def identity_of(event: ChangeEvent, config: PlanConfig) -> tuple[str, list[str |
     return entity_id, tenants or [None]
 
 
+@dataclass(frozen=True, slots=True)
+class RecordIdentity:
+    """What a change record names, as far as it can be read: its table (the mapping's label),
+    its entity and its tenant. For a dead letter's headers; any part may be unknown."""
+
+    table: str | None = None
+    entity_id: str | None = None
+    tenant_id: str | None = None
+
+
+def record_identity(event: ChangeEvent, config: PlanConfig) -> RecordIdentity:
+    """The table, entity and tenant a record names, best effort: never raises (a record that
+    cannot be planned is exactly the one whose identity a dead letter wants; what cannot be read
+    of it stays None)."""
+    source = event.source
+    try:
+        mapping = config.catalog.for_source(
+            source.schema if source is not None else None,
+            source.table if source is not None else None,
+            event.position.topic,
+        )
+    except MappingError:
+        return RecordIdentity()
+    where = f"{event.position.topic}[{event.position.partition}]@{event.position.offset}"
+    rows = [r for r in (event.after, event.before, event.key) if r is not None]
+    entity_id = tenant = None
+    for row in rows:
+        if entity_id is None and all(c in row for c in mapping.key_columns):
+            with contextlib.suppress(MappingError):
+                entity_id = mapping.row_entity_id(RowView(row, where))
+        if tenant is None:
+            with contextlib.suppress(MappingError):
+                tenant = mapping.row_tenant_if_known(RowView(row, where))
+    return RecordIdentity(mapping.label, entity_id, tenant)
+
+
 def check_columns(
     row: Mapping[str, Any], unavailable: frozenset[str], mapping: TableMapping, where: str
 ) -> None:
@@ -320,12 +358,22 @@ def _plan_delete(
 
 
 def _previous_tenant(
-    event: ChangeEvent, mapping: TableMapping, tenant_id: str, where: str
-) -> str | None:
+    event: ChangeEvent, mapping: TableMapping, tenant_id: TenantId, where: str
+) -> TenantId | None:
+    """The tenant an update moved its row from, when it moved: the `before` row's tenant,
+    read and validated as the `after` row's is. A `before` tenant that is no valid tenant name
+    cannot hold an index (its rows were refused as they came), so there is nothing to delete
+    there: None."""
     if event.op is not Op.UPDATE or event.before is None or mapping.tenant_column is None:
         return None
-    before_tenant = RowView(event.before, where).optional_text(mapping.tenant_column)
-    return before_tenant if before_tenant is not None and before_tenant != tenant_id else None
+    value = RowView(event.before, where).optional_text(mapping.tenant_column)
+    if value is None or not value.strip():
+        return None
+    try:
+        before_tenant = TenantId(value.strip())
+    except InvalidTenantError:
+        return None
+    return before_tenant if before_tenant != tenant_id else None
 
 
 def build_entity(

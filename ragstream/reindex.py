@@ -47,6 +47,7 @@ from ragcore.quality.dataset import EvalQuery
 from ragcore.quality.metrics import QueryRun, Status
 from ragcore.sor.base import SystemOfRecord
 from ragcore.store.base import Placement, StoreFilter, VectorStore
+from ragcore.store.ids import TenantId
 from ragcore.store.registry import IndexManifest, IndexRegistry, manifest_matches
 from ragstream.parity import (
     ParityReport,
@@ -155,9 +156,13 @@ class _OneVersion:
             raise ValueError(f"a reindex of {self._tenant!r} got an entity of {tenant_id!r}")
         return [self._target]
 
-    def known_tenants(self) -> Sequence[str]:
+    def existing_targets(self, tenant_id: str) -> Sequence[TargetIndex]:
+        """The version being built: it exists."""
+        return self.write_targets(tenant_id)
+
+    def known_tenants(self) -> Sequence[TenantId]:
         """The tenant being rebuilt."""
-        return [self._tenant]
+        return [TenantId(self._tenant)]
 
     def invalidate(self) -> None:
         """Nothing cached: the version being built is the only target."""
@@ -357,7 +362,7 @@ class _Job:
         report.sor_entities = total
         began = last = time.perf_counter()
         for batch in _batches(self.sor.scan(report.tenant, batch=500), self.options.batch):
-            rows = SorBatch(report.tenant, "reindex", entities=tuple(batch))
+            rows = SorBatch(TenantId(report.tenant), "reindex", entities=tuple(batch))
             report.rejected.extend(self.writer.apply_rows(rows).rejections)
             report.written += len(batch)
             now = time.perf_counter()
@@ -424,7 +429,7 @@ class _Job:
             self.progress(f"catch-up: re-reading {len(drifted)} entities changed during the build")
             for start in range(0, len(drifted), 200):
                 chunk = drifted[start : start + 200]
-                rows = SorBatch(self.report.tenant, "reindex", reread=tuple(chunk))
+                rows = SorBatch(TenantId(self.report.tenant), "reindex", reread=tuple(chunk))
                 self.report.rejected.extend(self.writer.apply_rows(rows).rejections)
         left = self.drifted()
         if not left:

@@ -14,6 +14,7 @@ from ragcore.plan import Plan
 from ragcore.sor.base import SystemOfRecord
 from ragcore.sparse import Bm25Encoder
 from ragcore.store.base import Placement, VectorStore
+from ragcore.store.ids import TenantId
 from ragcore.store.registry import IndexManifest, IndexRegistry, manifest_matches
 from schemas.entities import Entity
 from streams.ingest import TargetIndex
@@ -139,9 +140,20 @@ class RegistryTargets:
         self._registry.activate(tenant_id, created.version)
         return created.version
 
-    def known_tenants(self) -> Sequence[str]:
+    def existing_targets(self, tenant_id: str) -> Sequence[TargetIndex]:
+        """`write_targets` of a tenant that has an index version; none for one that has none
+        (no index is created for it)."""
+        with self._lock:
+            cached = self._cache.get(tenant_id)
+            if cached is not None and time.monotonic() - cached[0] < self._ttl:
+                return cached[1]
+        if not self._registry.list_versions(tenant_id):
+            return []
+        return self.write_targets(tenant_id)
+
+    def known_tenants(self) -> Sequence[TenantId]:
         """Every tenant with an index."""
-        return self._registry.list_tenants()
+        return [TenantId(t) for t in self._registry.list_tenants()]
 
     def invalidate(self) -> None:
         """Forget cached resolutions (after a switch)."""

@@ -22,7 +22,7 @@ from ragcore.errors import (
     SorTableError,
     SorUnavailableError,
 )
-from ragcore.plan import Plan, plan_event
+from ragcore.plan import Plan, plan_event, record_identity
 from ragcore.prepare import Preparer
 from ragcore.sor.base import SlotSource, SystemOfRecord
 from ragcore.sparse import Bm25Encoder
@@ -419,6 +419,7 @@ def build_worker(
         },
         reindex_topic=settings.consumer.reindex_topic,
         other_models=other_models,
+        locate=lambda event: record_identity(event, settings.plan),
     )
     own_tracing = tracing or Tracing.from_env("ragstream-ingest")
     # every mapped column exported at 0 from the start: `increase()` sees the first drift

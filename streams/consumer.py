@@ -220,12 +220,17 @@ def offset_gap(
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """A record the handler could not process, with the reason."""
+    """A record the handler could not process, with the reason and, when known, the table,
+    column, entity and tenant it concerns (DLQ headers `ragstream.error.*`)."""
 
     record: RawRecord
     code: str
     message: str
     stage: str
+    table: str | None = None
+    column: str | None = None
+    entity_id: str | None = None
+    tenant_id: str | None = None
 
 
 class BatchHandler(Protocol):
@@ -291,6 +296,16 @@ def dlq_headers(letter: DeadLetter, truncated: bool) -> list[tuple[str, str | by
         "error.code": letter.code,
         "error.message": letter.message[:2000],
         "error.stage": letter.stage,
+        **{
+            f"error.{name}": value
+            for name, value in (
+                ("table", letter.table),
+                ("column", letter.column),
+                ("entity", letter.entity_id),
+                ("tenant", letter.tenant_id),
+            )
+            if value is not None
+        },
         "source.topic": rec.topic,
         "source.partition": str(rec.partition),
         "source.offset": str(rec.offset),

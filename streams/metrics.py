@@ -45,6 +45,7 @@ DLQ_CODES = (
     "RECORD_TOO_LARGE",
     "CHUNKING_ERROR",
     "BAD_REINDEX_REQUEST",
+    "RECORD_UNPROCESSABLE",
     *REASONS,  # documents that yield no text (ragcore.documents)
 )
 _FRESHNESS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120, 300, 900, 3600)

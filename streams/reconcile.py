@@ -37,6 +37,7 @@ from ragcore.store.base import (
     StoreFilter,
     VectorStore,
 )
+from ragcore.store.ids import TenantId
 from ragcore.store.points import CHUNK_COUNT
 from ragcore.store.registry import IndexRegistry
 from streams.ingest import SorBatch, SorWriter
@@ -271,7 +272,7 @@ def reconcile(
         drifted: Sequence[str] = [*report.missing, *report.stale, *report.extra]
         for start in range(0, len(drifted), 200):
             done = handler.apply_rows(
-                SorBatch(tenant, "reconcile", reread=tuple(drifted[start : start + 200]))
+                SorBatch(TenantId(tenant), "reconcile", reread=tuple(drifted[start : start + 200]))
             )
             # only what the repair changed counts as repaired
             report.repaired += len(done.changed)

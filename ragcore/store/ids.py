@@ -12,6 +12,10 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from typing import Any
+
+from pydantic import GetCoreSchemaHandler
+from pydantic_core import core_schema
 
 from ragcore.errors import InvalidTenantError, StoreError
 
@@ -32,18 +36,44 @@ _VERSIONED_RE = re.compile(
 )
 
 
-def validate_tenant(name: str) -> str:
-    """Return `name` when it is a safe tenant name, else raise InvalidTenantError.
+class TenantId(str):
+    """A tenant name that has been validated: `^[a-z0-9][a-z0-9_-]{0,62}$` without `__`, so it
+    cannot climb out of a directory, spoof another tenant's alias or collection, or smuggle a
+    separator. Constructing one validates it (`InvalidTenantError` otherwise): a value of this
+    type never holds a bad name, so the code past the boundary (decode, plan, a request) trusts
+    it. It is a `str` in every other respect (JSON, pickling, comparisons)."""
 
-    Safe means `^[a-z0-9][a-z0-9_-]{0,62}$` without `__`: it cannot climb out of a directory,
-    spoof another tenant's alias or collection, or smuggle a separator.
-    """
-    if not isinstance(name, str) or not _TENANT_RE.fullmatch(name) or SEPARATOR in name:
-        raise InvalidTenantError(
-            f"invalid tenant name {name!r}: expected 1-63 chars of [a-z0-9_-], "
-            f"starting with [a-z0-9], without {SEPARATOR!r}"
-        )
-    return name
+    __slots__ = ()
+
+    def __new__(cls, name: object) -> TenantId:
+        if type(name) is cls:
+            return name  # validated when it was made
+        if not isinstance(name, str) or not _TENANT_RE.fullmatch(name) or SEPARATOR in name:
+            raise InvalidTenantError(
+                f"invalid tenant name {name!r}: expected 1-63 chars of [a-z0-9_-], "
+                f"starting with [a-z0-9], without {SEPARATOR!r}"
+            )
+        return super().__new__(cls, name)
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, _source: Any, _handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        """A string validated into a `TenantId` (settings and models may declare the type)."""
+        return core_schema.no_info_after_validator_function(_tenant_value, core_schema.str_schema())
+
+
+def _tenant_value(name: str) -> TenantId:
+    """`TenantId(name)` for pydantic, which reports a ValueError as a validation error."""
+    try:
+        return TenantId(name)
+    except InvalidTenantError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def validate_tenant(name: str) -> TenantId:
+    """`name` as a `TenantId` when it is a safe tenant name, else raise InvalidTenantError."""
+    return TenantId(name)
 
 
 def validate_collection_name(name: str) -> str:

@@ -62,9 +62,25 @@ class Stages:
         for rec in item.records:
             self.count(rec.topic, item.plan.op, outcome)
 
-    def reject(self, item: Work, code: str, reason: str, stage: str = "plan") -> Faults:
-        """DLQ the item's records, or report it when it has none (a re-read, a snapshot)."""
-        letters = tuple(DeadLetter(rec, code, reason, stage) for rec in item.records)
+    def reject(
+        self, item: Work, code: str, reason: str, stage: str = "plan", column: str | None = None
+    ) -> Faults:
+        """DLQ the item's records (naming its table, entity and tenant, and `column` when one
+        is at fault), or report it when it has none (a re-read, a snapshot)."""
+        plan = item.plan
+        letters = tuple(
+            DeadLetter(
+                rec,
+                code,
+                reason,
+                stage,
+                table=plan.table,
+                column=column,
+                entity_id=plan.entity_id,
+                tenant_id=plan.tenant_id,
+            )
+            for rec in item.records
+        )
         rejections: tuple[Rejection, ...] = ()
         if not item.records:
             log.warning("cannot index %s: %s %s", item.plan.entity_id, code, reason)

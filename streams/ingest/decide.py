@@ -215,6 +215,7 @@ def _chunk(
     try:
         return tuple(preparer.chunks(entity))
     except (ChunkingError, MappingError) as exc:
-        return stages.reject(item, exc.code, str(exc), stage="chunk")
+        column = exc.column if isinstance(exc, MappingError) else None
+        return stages.reject(item, exc.code, str(exc), stage="chunk", column=column)
     finally:
         stages.metrics.stage_seconds.labels("chunk").observe(time.perf_counter() - started)

@@ -14,15 +14,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ragcore.embedders.base import Embedder
-from ragcore.errors import ConfigError, StoreError, StoreUnavailableError
+from ragcore.errors import ConfigError, MappingError, StoreError, StoreUnavailableError
 from ragcore.plan import Action, Plan
 from ragcore.store.base import VectorStore
+from ragcore.store.ids import TenantId
 from schemas.entities import Entity
 from schemas.events import RawRecord, RecordPosition
-from streams.consumer import DeadLetter
+from streams.consumer import RETRYABLE, DeadLetter
 from streams.ingest.context import Stages
 from streams.ingest.decide import Decision, decide
-from streams.ingest.plan import plan_records
+from streams.ingest.plan import Locator, fault_reason, plan_records
 from streams.ingest.ports import (
     Decoder,
     EntityPreparer,
@@ -88,12 +89,15 @@ class IngestHandler:
         reindex_topic: str | None = None,
         other_models: Sequence[tuple[Embedder, EntityPreparer]] = (),
         clock: Callable[[], float] = time.time,
+        locate: Locator | None = None,
     ) -> None:
         """`embedder`/`preparer` are the primary model; `other_models` are further models
         (embedder and its preparer) that targets may name, e.g. the next model during a
-        blue-green model change."""
+        blue-green model change; `locate` names the table, entity and tenant of a record that
+        cannot be planned (its dead letter's headers)."""
         self._decode = decode
         self._plan = plan
+        self._locate = locate
         self._reindex_topic = reindex_topic
         self._clock = clock
         self._stages = Stages(
@@ -133,12 +137,13 @@ class IngestHandler:
             plan=self._plan,
             reindex_topic=self._reindex_topic,
             stages=self._stages,
+            locate=self._locate,
         )
         letters = list(planned.letters)
         applied: list[Work] = []
         for segment in planned.segments:
             with self._lock:
-                done = self._apply_refreshing(segment)
+                done = self._apply_contained(segment)
             applied += done.applied
             letters += done.faults.letters
         now = self._clock()
@@ -169,7 +174,7 @@ class IngestHandler:
                     Action.UPSERT,
                     batch.reason,
                     RecordPosition(f"snapshot:{batch.reason}", 0, n),
-                    tenant_id=entity.tenant_id,
+                    tenant_id=TenantId(entity.tenant_id),
                     entity_id=entity.entity_id,
                     version=entity.version,
                     entity=entity,
@@ -190,7 +195,7 @@ class IngestHandler:
             for n, entity_id in enumerate(dict.fromkeys(batch.reread))
         ]
         with self._lock:
-            done = self._apply(work)
+            done = self._apply_contained(work)
         by_outcome: dict[str, list[str]] = {"changed": [], "unchanged": [], "raced": []}
         for entity_id, outcome in done.outcomes.items():
             if outcome != "rejected":
@@ -205,13 +210,14 @@ class IngestHandler:
     def reread(self, tenant_id: str, entity_ids: Sequence[str], reason: str) -> list[Rejection]:
         """Re-read entities from the SoR and apply what it says now (upsert, or delete when the
         row is gone): `apply_rows` of ids. Raises when no SoR is configured."""
-        batch = SorBatch(tenant_id, reason, reread=tuple(entity_ids))
+        batch = SorBatch(TenantId(tenant_id), reason, reread=tuple(entity_ids))
         return list(self.apply_rows(batch).rejections)
 
     def upsert_entities(self, entities: Sequence[Entity], reason: str) -> list[Rejection]:
         """Write entities read from the SoR (a snapshot): `apply_rows` of entities."""
-        tenant = entities[0].tenant_id if entities else ""
-        batch = SorBatch(tenant, reason, entities=tuple(entities))
+        if not entities:
+            return []
+        batch = SorBatch(TenantId(entities[0].tenant_id), reason, entities=tuple(entities))
         return list(self.apply_rows(batch).rejections)
 
     def for_targets(
@@ -233,9 +239,48 @@ class IngestHandler:
             keyword_fields=s.keyword_fields,
             event_date_fields=s.event_date_fields,
             clock=self._clock,
+            locate=self._locate,
         )
 
     # --- the stages -------------------------------------------------------------------------
+
+    def _apply_contained(self, segment: Sequence[Work]) -> Applied:
+        """`_apply_refreshing`, with a failure that is not an outage (`RETRYABLE`, retried by
+        the caller) or a configuration error isolated to the entity it came from: the segment
+        is split in halves until the failing entity is alone, which is then dead-lettered (or
+        reported, for a row read from the SoR) with the error's code, and the others are
+        applied. The entities of a segment are independent (one work item each), and every
+        write is idempotent, so applying a half again after a failure repeats nothing harmful.
+        Bisection finds k failing entities of n in O(k log n) attempts."""
+        try:
+            return self._apply_refreshing(segment)
+        except (*RETRYABLE, ConfigError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - contained below: one entity's fault
+            if len(segment) > 1:
+                mid = len(segment) // 2
+                first = self._apply_contained(segment[:mid])
+                second = self._apply_contained(segment[mid:])
+                return Applied(
+                    first.applied + second.applied,
+                    {**first.outcomes, **second.outcomes},
+                    first.faults + second.faults,
+                )
+            return self._fault(segment[0], exc)
+
+    def _fault(self, item: Work, exc: Exception) -> Applied:
+        """One entity whose resolve, decide or write raised `exc`: its records dead-lettered (or
+        the SoR row reported), so that nothing else waits for it."""
+        where = f"entity {item.plan.entity_id} of tenant {item.plan.tenant_id}"
+        code, message = fault_reason(exc, "apply", where)
+        column = exc.column if isinstance(exc, MappingError) else None
+        faults = self._stages.reject(item, code, message, stage="apply", column=column)
+        sor_read = not item.records or item.plan.action is Action.REFETCH
+        outcomes: dict[str, RereadOutcome] = {}
+        if sor_read and item.plan.entity_id is not None:
+            outcomes[item.plan.entity_id] = "rejected"
+            self._stages.metrics.rereads.labels("rejected").inc()
+        return Applied((), outcomes, faults)
 
     def _apply_refreshing(self, segment: Sequence[Work]) -> Applied:
         """`_apply`, retried once with fresh index targets after a store error: a version

@@ -19,13 +19,15 @@ Key = tuple[str, str]
 
 
 def manifests(
-    entities: Iterable[tuple[str, str]], stages: Stages
+    entities: Iterable[tuple[str, str]], stages: Stages, *, create: bool = True
 ) -> dict[Key, dict[str, ChunkRef]]:
     """The chunk manifests of many (tenant, entity id): one filtered scroll per collection and
-    tenant (and per 256 ids) instead of one query per entity."""
+    tenant (and per 256 ids) instead of one query per entity. `create` False: a tenant without
+    an index has none created (nothing is indexed there)."""
     by_target: dict[tuple[str, str], list[str]] = {}
     for tenant, entity_id in entities:
-        for target in stages.targets.write_targets(tenant):
+        targets = stages.targets.write_targets if create else stages.targets.existing_targets
+        for target in targets(tenant):
             by_target.setdefault((target.collection, tenant), []).append(entity_id)
     out: dict[Key, dict[str, ChunkRef]] = {}
     for (collection, tenant), ids in by_target.items():
@@ -56,10 +58,10 @@ def observe(entities: Iterable[tuple[str, str]], stages: Stages) -> dict[Key, Fi
     """The fingerprint of every (tenant, entity id) in each of its tenant's write targets
     (an entity with nothing indexed in a target gets the empty fingerprint there)."""
     pairs = list(dict.fromkeys(entities))
-    found = manifests(pairs, stages)
+    found = manifests(pairs, stages, create=False)
     out: dict[Key, Fingerprint] = {}
     for tenant, entity_id in pairs:
-        for target in stages.targets.write_targets(tenant):
+        for target in stages.targets.existing_targets(tenant):
             key = (target.collection, entity_id)
             out[key] = fingerprint(found.get(key, {}))
     return out

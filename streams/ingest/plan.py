@@ -1,22 +1,38 @@
 """Stage 1, decode and plan: a batch of records becomes the work per entity (the last full state
 of each entity in the batch), in segments a TRUNCATE separates. Records that cannot be decoded
-or mapped, and policy rejections, become dead letters; nothing is written here."""
+or mapped, and policy rejections, become dead letters; nothing is written here.
+
+Containment: whatever decoding or planning a record raises is that record's fault (its bytes
+and its row are all these stages read), so it becomes a dead letter naming the table, column,
+entity and tenant as far as they can be read, and the batch goes on. Only an outage of a
+dependency (`RETRYABLE`) or a configuration error stops the batch."""
 
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ragcore.errors import DecodeError, InvalidTenantError, MappingError, RecordTooLargeError
-from ragcore.plan import Action, Plan
-from ragcore.store.ids import validate_tenant
-from schemas.events import RawRecord
-from streams.consumer import DeadLetter
+from ragcore.errors import ConfigError, MappingError, RagstreamError
+from ragcore.plan import Action, Plan, RecordIdentity
+from ragcore.store.ids import TenantId
+from schemas.events import ChangeEvent, RawRecord
+from streams.consumer import RETRYABLE, DeadLetter
 from streams.ingest.context import Stages
 from streams.ingest.ports import Decoder, Planner
 from streams.ingest.work import Work
+
+log = logging.getLogger("streams.ingest")
+
+#: The code of a dead letter whose record raised something no stage expected (a bug to report:
+#: logged with its traceback), instead of a typed error with its own code.
+UNEXPECTED = "RECORD_UNPROCESSABLE"
+
+#: What a dead letter can say of a record's table, entity and tenant
+#: (`ragcore.plan.record_identity`).
+Locator = Callable[[ChangeEvent], RecordIdentity]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +50,7 @@ def plan_records(
     plan: Planner,
     reindex_topic: str | None,
     stages: Stages,
+    locate: Locator | None = None,
 ) -> Planned:
     """The batch's work per entity, in segments: a TRUNCATE is a segment of its own, so what
     came before it is applied before it, and what came after, after."""
@@ -50,8 +67,10 @@ def plan_records(
         t0 = time.perf_counter()
         try:
             event = decode(rec)
-        except DecodeError as exc:
-            letters.append(DeadLetter(rec, exc.code, str(exc), "decode"))
+        except (*RETRYABLE, ConfigError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the record's bytes are its own fault
+            letters.append(fault_letter(rec, exc, "decode"))
             stages.count(rec.topic, "?", "dlq")
             continue
         finally:
@@ -59,8 +78,11 @@ def plan_records(
         t1 = time.perf_counter()
         try:
             planned = plan(event)
-        except (MappingError, RecordTooLargeError) as exc:
-            letters.append(DeadLetter(rec, exc.code, str(exc), "plan"))
+        except (*RETRYABLE, ConfigError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the record's row is its own fault
+            identity = _identify(locate, event)
+            letters.append(fault_letter(rec, exc, "plan", identity))
             stages.count(rec.topic, event.op, "dlq")
             continue
         finally:
@@ -70,7 +92,13 @@ def plan_records(
             continue
         if planned.action is Action.DLQ:
             letters.append(
-                DeadLetter(rec, f"POLICY_{planned.reason.upper()}", planned.detail, "plan")
+                DeadLetter(
+                    rec,
+                    f"POLICY_{planned.reason.upper()}",
+                    planned.detail,
+                    "plan",
+                    table=planned.table,
+                )
             )
             stages.count(rec.topic, event.op or event.kind.value, "dlq")
             continue
@@ -85,26 +113,75 @@ def plan_records(
     return Planned(tuple(s for s in segments if s), tuple(letters))
 
 
+def fault_reason(exc: Exception, stage: str, where: str) -> tuple[str, str]:
+    """The code and message of a dead letter or rejection for `exc`, raised by `stage` while
+    processing the record or entity `where` names: a typed error keeps its code; anything
+    else is `RECORD_UNPROCESSABLE`, logged with its traceback (a stage let it through: a bug to
+    report, but never the partition's end)."""
+    if isinstance(exc, RagstreamError):
+        return exc.code, str(exc)
+    log.error(
+        "%s: %s raised %s; dead-lettered as %s",
+        where,
+        stage,
+        type(exc).__name__,
+        UNEXPECTED,
+        exc_info=exc,
+    )
+    return UNEXPECTED, f"{stage}: unexpected {type(exc).__name__}: {exc}"
+
+
+def fault_letter(
+    rec: RawRecord, exc: Exception, stage: str, identity: RecordIdentity | None = None
+) -> DeadLetter:
+    """The dead letter of a record whose decoding or planning raised `exc` (`fault_reason`)."""
+    code, message = fault_reason(exc, stage, f"{rec.topic}[{rec.partition}]@{rec.offset}")
+    identity = identity or RecordIdentity()
+    return DeadLetter(
+        rec,
+        code,
+        message,
+        stage,
+        table=identity.table,
+        column=exc.column if isinstance(exc, MappingError) else None,
+        entity_id=identity.entity_id,
+        tenant_id=identity.tenant_id,
+    )
+
+
+def _identify(locate: Locator | None, event: ChangeEvent) -> RecordIdentity | None:
+    return None if locate is None else locate(event)
+
+
 def _reindex_plan(rec: RawRecord, letters: list[DeadLetter], stages: Stages) -> Plan | None:
     """A reindex request from Retrieve -> re-read the entity from the SoR (a refetch)."""
     try:
         doc = json.loads(rec.value or b"")
+        if not isinstance(doc, dict):
+            raise TypeError("a reindex request is a JSON object")
         tenant, entity_id = doc["tenant"], doc["entity_id"]
         if not isinstance(tenant, str) or not isinstance(entity_id, str) or not entity_id:
             raise TypeError("tenant and entity_id must be strings")
-        validate_tenant(tenant)
-    except (ValueError, KeyError, TypeError, InvalidTenantError) as exc:
-        letters.append(DeadLetter(rec, "BAD_REINDEX_REQUEST", str(exc), "decode"))
-        stages.count(rec.topic, "reindex", "dlq")
+        valid = TenantId(tenant)
+    except RecursionError:
+        _bad_request(rec, letters, stages, "nested too deeply")
+        return None
+    except (ValueError, KeyError, TypeError, RagstreamError) as exc:
+        _bad_request(rec, letters, stages, str(exc))
         return None
     return Plan(
         Action.REFETCH,
         "reindex_request",
         rec.position,
-        tenant_id=tenant,
+        tenant_id=valid,
         entity_id=entity_id,
         detail=f"Retrieve found it {doc.get('reason', 'stale')}: re-read from the SoR",
     )
+
+
+def _bad_request(rec: RawRecord, letters: list[DeadLetter], stages: Stages, why: str) -> None:
+    letters.append(DeadLetter(rec, "BAD_REINDEX_REQUEST", why, "decode"))
+    stages.count(rec.topic, "reindex", "dlq")
 
 
 def _reduce(by_entity: dict[tuple[str, bool], Work], plan: Plan, rec: RawRecord) -> None:

@@ -11,6 +11,7 @@ from typing import Protocol
 from ragcore.embedders.base import Embedder
 from ragcore.plan import Plan
 from ragcore.store.base import SparseVector
+from ragcore.store.ids import TenantId
 from schemas.entities import Chunk, Entity
 from schemas.events import ChangeEvent, RawRecord
 from streams.ingest.work import SorBatch, SorWritten
@@ -34,7 +35,12 @@ class IndexTargets(Protocol):
         """The tenant's write targets, creating its first index version if it has none."""
         ...
 
-    def known_tenants(self) -> Sequence[str]:
+    def existing_targets(self, tenant_id: str) -> Sequence[TargetIndex]:
+        """The tenant's write targets, none when it has no index yet (deletes and reads: an
+        entity never indexed needs no index to be removed from)."""
+        ...
+
+    def known_tenants(self) -> Sequence[TenantId]:
         """Every tenant that has an index (to delete an entity whose tenant is unknown)."""
         ...
 

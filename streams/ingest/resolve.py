@@ -109,7 +109,8 @@ def _refetch(item: Work, stages: Stages) -> tuple[bool, Entity | None, Faults]:
     except (MappingError, SorTableError) as exc:
         # nothing is known about the row: never delete what cannot be seen
         reason = f"cannot re-read {plan.entity_id}: {exc}"
-        return False, None, stages.reject(item, exc.code, reason)
+        column = exc.column if isinstance(exc, MappingError) else None
+        return False, None, stages.reject(item, exc.code, reason, column=column)
     if entity is None:
         stages.count_all(item, "deleted")
         return True, None, NO_FAULTS
@@ -127,9 +128,9 @@ def _delete_gone(item: Work, observed: Mapping[Key, Fingerprint], stages: Stages
         delete_entity(None, plan.entity_id, stages)
         return "changed"
     started = time.perf_counter()
-    now = manifests([(plan.tenant_id, plan.entity_id)], stages)
+    now = manifests([(plan.tenant_id, plan.entity_id)], stages, create=False)
     outcome: RereadOutcome = "unchanged"
-    for target in stages.targets.write_targets(plan.tenant_id):
+    for target in stages.targets.existing_targets(plan.tenant_id):
         key = (target.collection, plan.entity_id)
         refs = now.get(key, {})
         if not refs:
@@ -158,7 +159,7 @@ def _truncate(item: Work, stages: Stages) -> list[Work]:
     rereads: list[Work] = []
     for tenant in stages.targets.known_tenants():
         reread: set[str] = set()
-        for target in stages.targets.write_targets(tenant):
+        for target in stages.targets.existing_targets(tenant):
             flt = StoreFilter(tenant_id=tenant, keywords={SOURCE_TABLE: (plan.table,)})
             doomed: list[str] = []
             for point in stages.store.scroll(

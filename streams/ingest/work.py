@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ragcore.plan import Plan
+from ragcore.store.ids import TenantId
 from schemas.entities import Entity
 from schemas.events import RawRecord
 from streams.consumer import DeadLetter
@@ -57,7 +58,7 @@ class SorBatch:
     """Rows of one tenant to write as the system of record has them: `entities` already read
     (a reindex snapshot) and the ids in `reread` to read now (a repair, a catch-up)."""
 
-    tenant_id: str
+    tenant_id: TenantId
     reason: str
     entities: tuple[Entity, ...] = ()
     reread: tuple[str, ...] = ()

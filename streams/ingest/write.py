@@ -66,9 +66,10 @@ def delete_entity(tenant_id: str | None, entity_id: str, stages: Stages) -> None
 
 
 def delete_in_tenant(tenant_id: str, entity_id: str, stages: Stages) -> None:
-    """Remove an entity's chunks from every write target of one tenant."""
+    """Remove an entity's chunks from every write target of one tenant (a tenant without an
+    index has nothing to remove: none is created for it)."""
     started = time.perf_counter()
-    for target in stages.targets.write_targets(tenant_id):
+    for target in stages.targets.existing_targets(tenant_id):
         refs = stages.store.entity_chunks(target.collection, tenant_id, entity_id)
         if refs:
             stages.store.delete_points(target.collection, [r.point_id for r in refs.values()])

@@ -8,10 +8,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ragcore.errors import MappingError, SchemaDriftError
-from ragcore.mapping import TableMapping, epoch_us, to_datetime
-from ragcore.plan import Action, PlanConfig, PlanPolicy, plan_event
+from ragcore.mapping import TableMapping, epoch_us, json_depth, to_datetime
+from ragcore.plan import (
+    Action,
+    PlanConfig,
+    PlanPolicy,
+    RecordIdentity,
+    plan_event,
+    record_identity,
+)
+from ragcore.store.ids import TenantId
 from schemas.entities import ContentFormat, EntityVersion
 from schemas.events import (
     ChangeEvent,
@@ -477,3 +487,98 @@ def test_a_key_only_delete_is_not_schema_drift() -> None:
     # REPLICA IDENTITY DEFAULT: `before` holds the key only; the delete still applies
     p = plan(change(Op.DELETE, before={"id": "ent-1"}))
     assert (p.action, p.entity_id) == (Action.DELETE, "entities:ent-1")
+
+
+# --- rows that must be the row's fault (issue 41: no row can stop the lane) ------------------
+
+
+def nested(depth: int) -> str:
+    """A JSON array nested `depth` levels deep."""
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("depth", [65, 3_000, 100_000])
+def test_metadata_nested_past_the_limit_is_a_mapping_error_naming_the_column(depth: int) -> None:
+    # 3,000 deep raised RecursionError out of the planner and killed the ingest thread
+    with pytest.raises(MappingError, match="nests deeper than 64 levels") as raised:
+        plan(change(Op.CREATE, after=row(metadata='{"a": ' + nested(depth) + "}")))
+    assert raised.value.column == "metadata"
+
+
+@pytest.mark.unit
+def test_metadata_nested_within_the_limit_is_kept() -> None:
+    p = plan(change(Op.CREATE, after=row(metadata='{"a": ' + nested(60) + "}")))
+    assert p.action is Action.UPSERT
+    assert json_depth(p.entity.metadata) == 61
+
+
+@pytest.mark.unit
+@settings(max_examples=200, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+        max_leaves=40,
+    )
+)
+def test_json_depth_counts_nesting_without_recursion(value: object) -> None:
+    def depth(v: object) -> int:
+        if isinstance(v, dict):
+            return 1 + max((depth(x) for x in v.values()), default=0)
+        if isinstance(v, list):
+            return 1 + max((depth(x) for x in v), default=0)
+        return 0
+
+    assert json_depth(value) == depth(value)
+    assert json_depth(value, limit=1) == min(depth(value), 2)
+
+
+@pytest.mark.unit
+def test_a_json_content_column_nested_past_the_limit_is_a_mapping_error() -> None:
+    config = PlanConfig(
+        tables=(
+            TableMapping(
+                table="public.entities",
+                content_columns=("content",),
+                json_columns=("content",),
+            ),
+        )
+    )
+    with pytest.raises(MappingError, match="nests deeper") as raised:
+        plan(change(Op.CREATE, after=row(content=nested(5_000))), config)
+    assert raised.value.column == "content"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("old", ["ACME", " acme ", "ac__me", "", "   "])
+def test_an_update_from_an_invalid_or_equal_tenant_moves_nothing(old: str) -> None:
+    # a row first written under `ACME` (dead-lettered) and fixed to `acme` killed the worker:
+    # its `before` tenant was read unvalidated
+    p = plan(change(Op.UPDATE, before=row(company_id=old), after=row(company_id="acme")))
+    assert p.action is Action.UPSERT
+    assert p.tenant_id == "acme" and p.previous_tenant_id is None
+
+
+@pytest.mark.unit
+def test_an_update_from_another_valid_tenant_names_it_validated() -> None:
+    p = plan(change(Op.UPDATE, before=row(company_id=" globex "), after=row(company_id="acme")))
+    assert p.previous_tenant_id == "globex"
+    assert type(p.previous_tenant_id) is TenantId and type(p.tenant_id) is TenantId
+
+
+@pytest.mark.unit
+def test_record_identity_names_what_it_can_and_never_raises() -> None:
+    config = PlanConfig()
+    bad = change(Op.CREATE, after=row(metadata="{not json"))
+    assert record_identity(bad, config) == RecordIdentity("entities", "entities:ent-1", "acme")
+    no_key = change(Op.CREATE, after=row(id=None), key={"other": 1})
+    assert record_identity(no_key, config) == RecordIdentity("entities")
+    elsewhere = ChangeEvent(
+        kind=RecordKind.CHANGE,
+        position=RecordPosition("other.topic", 0, 1),
+        op=Op.CREATE,
+        after=row(),
+        source=SourceInfo(table="nowhere"),
+    )
+    assert record_identity(elsewhere, config) == RecordIdentity()

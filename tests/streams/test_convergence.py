@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from ragcore.plan import Plan
 from ragcore.prepare import Preparer
 from ragcore.sparse import Bm25Encoder
+from ragcore.store.ids import TenantId
 from ragcore.wiring import payload_schema
 from ragdev.services.postgres import PostgresCluster
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
@@ -144,7 +145,7 @@ class Model:
             self.deliver(len(self.pending))
 
         self.racing.after_read = meanwhile
-        self.cli.apply_rows(SorBatch("acme", "test", reread=(eid(key),)))
+        self.cli.apply_rows(SorBatch(TenantId("acme"), "test", reread=(eid(key),)))
 
     def save(self) -> None:
         rows = self.env.sql("SELECT * FROM entities ORDER BY id")

@@ -8,157 +8,29 @@ store semantics, and the real ONNX embedder is exercised end to end in test_work
 from __future__ import annotations
 
 import json
-import threading
 import time
-import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from prometheus_client import CollectorRegistry
 
-from ragcore.errors import StoreUnavailableError
-from ragcore.kafka_config import KafkaSettings
 from ragcore.mapping import epoch_us
 from ragcore.prepare import Preparer
-from ragcore.settings import StoreSettings
-from ragcore.store.base import PointRecord, StoreFilter, VectorStore
-from ragcore.store.edge import EdgeStore
-from ragdev.services.tansu import TansuBroker, free_port
+from ragcore.store.base import StoreFilter
+from ragdev.services.tansu import free_port
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.events import Op
-from streams.app import IngestWorker, build_worker
-from streams.consumer import ConsumerConfig
-from streams.settings import IngestSettings
+from streams.app import IngestWorker
 from tests.streams.support import (
-    HASH_SPEC,
-    HashEmbedder,
     Record,
     SorModel,
     committed,
     content,
-    create_topics,
     eid,
-    entities_plan,
-    index_snapshot,
-    produce,
     read_all,
-    wait_committed,
 )
+from tests.streams.worker_env import Env, FlakyStore
 
 pytestmark = pytest.mark.integration
-
-
-class FlakyStore:
-    """Wraps a real store; while `down`, writes fail as an unreachable store's would."""
-
-    def __init__(self, inner: VectorStore) -> None:
-        self.inner = inner
-        self.down = False
-        self.failed_writes = 0
-
-    def upsert(self, name: str, points: Sequence[PointRecord], wait: bool = True) -> None:
-        if self.down:
-            self.failed_writes += 1
-            raise StoreUnavailableError("store down (test)")
-        self.inner.upsert(name, points, wait)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-@dataclass
-class Env:
-    """One test's topic, group, store and running workers."""
-
-    broker: TansuBroker
-    topic: str
-    dlq: str
-    group: str
-    data_dir: Path
-    store: EdgeStore
-    embedder: HashEmbedder = field(default_factory=HashEmbedder)
-    workers: list[tuple[IngestWorker, threading.Thread]] = field(default_factory=list)
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-    session_timeout_ms: int = 2000
-    consumer_overrides: dict[str, Any] = field(default_factory=dict)
-
-    def settings(self, **consumer: Any) -> IngestSettings:
-        return IngestSettings(
-            kafka=KafkaSettings(bootstrap_servers=self.broker.bootstrap_servers),
-            consumer=ConsumerConfig(
-                topics=(self.topic,),
-                dlq_topic=self.dlq,
-                group_id=self.group,
-                session_timeout_ms=self.session_timeout_ms,
-                heartbeat_interval_ms=300,
-                poll_timeout_s=0.2,
-                max_batch_records=200,
-                backoff_initial_s=0.2,
-                backoff_max_s=1.0,
-                **{**self.consumer_overrides, **consumer},
-            ),
-            store=StoreSettings(data_dir=self.data_dir),
-            embedding_cache=None,
-            plan=entities_plan("public.entities", self.topic),
-        )
-
-    def start_worker(self, store: VectorStore | None = None) -> IngestWorker:
-        worker = build_worker(
-            self.settings(),
-            self.registry if not self.workers else CollectorRegistry(),
-            store=store or self.store,
-            embedder=self.embedder,
-        )
-        worker.check()
-        worker.loop.start()
-        thread = threading.Thread(target=worker.loop.run, args=(worker.stop,), daemon=True)
-        thread.start()
-        self.workers.append((worker, thread))
-        return worker
-
-    def stop_worker(self, worker: IngestWorker) -> None:
-        for w, thread in self.workers:
-            if w is worker:
-                w.stop.set()
-                thread.join(30)
-                assert not thread.is_alive()
-
-    def produce(self, records: Sequence[Record]) -> dict[int, int]:
-        return produce(self.broker.bootstrap_servers, self.topic, records)
-
-    def wait(self, last: dict[int, int], timeout: float = 60.0) -> None:
-        wait_committed(self.broker.bootstrap_servers, self.group, self.topic, last, timeout)
-
-    def snapshot(self, tenants: Sequence[str]) -> dict[str, dict[str, dict[str, str]]]:
-        registry = self.workers[0][0].registry
-        return index_snapshot(self.store, registry, tenants)
-
-    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
-        value = self.registry.get_sample_value(name, labels or {})
-        return value or 0.0
-
-
-@pytest.fixture
-def env(kafka_broker: TansuBroker, tmp_path: Path) -> Iterator[Env]:
-    suffix = uuid.uuid4().hex[:8]
-    topic, dlq = f"sor.public.entities.{suffix}", f"ragstream.dlq.{suffix}"
-    create_topics(kafka_broker.bootstrap_servers, topic, dlq)
-    store = EdgeStore(tmp_path / "store")
-    environment = Env(kafka_broker, topic, dlq, f"ingest-{suffix}", tmp_path / "store", store)
-    yield environment
-    for worker, thread in environment.workers:
-        worker.stop.set()
-        thread.join(30)
-    store.close()
-
-
-@pytest.fixture
-def preparer() -> Preparer:
-    return Preparer(HASH_SPEC)
 
 
 def test_ingesting_an_entity_twice_leaves_exactly_its_chunks_and_embeds_once(

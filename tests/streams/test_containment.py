@@ -1,0 +1,134 @@
+"""No row can stop the lane (issue 41): rows whose content used to kill the ingest worker, and a
+stage that raises what it never should, end as dead letters naming their table, column, entity
+and tenant, while the rest of the batch and the partition move on. Real broker, real engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ragcore.prepare import Preparer
+from ragdev.sor.debezium_format import change_event, encode_key, encode_value
+from schemas.entities import Chunk, Entity
+from schemas.events import Op
+from tests.streams.support import (
+    Record,
+    SorModel,
+    content,
+    create_topics,
+    eid,
+    produce,
+    read_all,
+    wait_committed,
+)
+from tests.streams.worker_env import Env
+
+pytestmark = pytest.mark.integration
+
+
+def letters_by_entity(env: Env) -> dict[str, dict[str, str]]:
+    """The DLQ's `ragstream.*` headers of every letter, by the entity header (or offset)."""
+    out: dict[str, dict[str, str]] = {}
+    for msg in read_all(env.broker.bootstrap_servers, env.dlq):
+        headers = {k: (v or b"").decode() for k, v in msg.headers()}
+        where = f"{headers['ragstream.source.partition']}@{headers['ragstream.source.offset']}"
+        key = headers.get("ragstream.error.entity") or where
+        out[key] = headers
+    return out
+
+
+def raw_change(op: Op, key: str, before: Any, after: Any, lsn: int) -> Record:
+    return Record(
+        encode_key({"id": key}), encode_value(change_event(op, before=before, after=after, lsn=lsn))
+    )
+
+
+def test_rows_that_killed_the_worker_are_dead_lettered_and_later_rows_are_indexed(
+    env: Env, preparer: Preparer
+) -> None:
+    sor = SorModel(seed=3)
+    worker = env.start_worker()
+    deep = "[" * 3000 + "]" * 3000
+    stream = [
+        sor.put("ok-1", "acme", content(sor.rng, 3)),
+        # metadata nested 3,000 deep: RecursionError in the planner
+        sor.put("deep", "acme", "hi", metadata='{"a": ' + deep + "}"),
+        sor.put("ok-2", "globex", content(sor.rng, 3)),
+    ]
+    # a row written under an invalid tenant (dead-lettered), then fixed by an update
+    wrong = {**sor.rows["ok-1"], "id": "moved", "company_id": "ACME", "content": "Fixed row."}
+    fixed = {**wrong, "company_id": "acme"}
+    stream += [
+        raw_change(Op.CREATE, "moved", None, wrong, 5_000),
+        raw_change(Op.UPDATE, "moved", wrong, fixed, 5_008),
+        # a delete naming a valid tenant that has no index: nothing to delete, nothing created
+        raw_change(
+            Op.DELETE, "ghost", {**wrong, "id": "ghost", "company_id": "nobody"}, None, 5_016
+        ),
+        sor.put("ok-3", "acme", content(sor.rng, 3)),
+    ]
+    env.wait(env.produce(stream))
+    index = env.snapshot(["acme", "globex"])
+    assert set(index["acme"]) == {eid("ok-1"), eid("ok-3"), eid("moved")}
+    assert set(index["globex"]) == {eid("ok-2")}
+    assert worker.registry.list_tenants() == ["acme", "globex"]  # no index for "nobody"
+    letters = letters_by_entity(env)
+    assert set(letters) == {eid("deep"), eid("moved")}
+    assert letters[eid("deep")]["ragstream.error.code"] == "MAPPING_ERROR"
+    assert letters[eid("deep")]["ragstream.error.column"] == "metadata"
+    assert letters[eid("deep")]["ragstream.error.table"] == "entities"
+    assert letters[eid("deep")]["ragstream.error.tenant"] == "acme"
+    assert "nests deeper than 64 levels" in letters[eid("deep")]["ragstream.error.message"]
+    assert letters[eid("moved")]["ragstream.error.column"] == "company_id"
+    assert "ragstream.error.tenant" not in letters[eid("moved")]  # not a tenant it can name
+    assert env.workers[0][1].is_alive()
+
+
+def test_an_entity_whose_stage_raises_unexpectedly_is_dead_lettered_alone(
+    env: Env, preparer: Preparer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No stage is known to raise an untyped error any more; this double stands in for the next
+    # bug found in one: chunking raises ZeroDivisionError for any entity holding "BOOM".
+    real_chunks = Preparer.chunks
+
+    def chunks(self: Preparer, entity: Entity) -> list[Chunk]:
+        if "BOOM" in entity.content:
+            raise ZeroDivisionError("a bug in a stage")
+        return real_chunks(self, entity)
+
+    monkeypatch.setattr(Preparer, "chunks", chunks)
+    sor = SorModel(seed=4)
+    records = [sor.put(f"ent-{i}", "acme", content(sor.rng, 2)) for i in range(40)]
+    bombs = [sor.put(f"bomb-{i}", "acme", f"BOOM number {i}.") for i in range(3)]
+    # the bombs land in the middle of one batch of 43 entities
+    stream = records[:10] + bombs[:1] + records[10:30] + bombs[1:] + records[30:]
+    env.start_worker()
+    env.wait(env.produce(stream))
+    index = env.snapshot(["acme"])
+    assert set(index["acme"]) == {eid(f"ent-{i}") for i in range(40)}
+    letters = letters_by_entity(env)
+    assert set(letters) == {eid(f"bomb-{i}") for i in range(3)}
+    for headers in letters.values():
+        assert headers["ragstream.error.code"] == "RECORD_UNPROCESSABLE"
+        assert headers["ragstream.error.stage"] == "apply"
+        assert "ZeroDivisionError: a bug in a stage" in headers["ragstream.error.message"]
+        assert headers["ragstream.error.tenant"] == "acme"
+    assert env.metric("ragstream_ingest_dlq_records_total", {"code": "RECORD_UNPROCESSABLE"}) == 3
+    # the entities keep flowing after it
+    env.wait(env.produce([sor.put("after", "acme", "Later text.")]))
+    assert eid("after") in env.snapshot(["acme"])["acme"]
+
+
+def test_a_reindex_request_that_is_not_an_object_is_a_bad_request_not_a_crash(
+    env: Env,
+) -> None:
+    requests = f"{env.topic}.reindex"
+    create_topics(env.broker.bootstrap_servers, requests, partitions=1)
+    env.consumer_overrides = {"reindex_topic": requests}
+    env.start_worker()
+    values = [b"[1, 2]", b"null", b'"text"', b"[" * 5000 + b"]" * 5000, b'{"tenant": "A B"}']
+    last = produce(env.broker.bootstrap_servers, requests, [Record(b"k", v) for v in values])
+    wait_committed(env.broker.bootstrap_servers, env.group, requests, last, 60)
+    codes = [h["ragstream.error.code"] for h in letters_by_entity(env).values()]
+    assert codes == ["BAD_REINDEX_REQUEST"] * len(values)
