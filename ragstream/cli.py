@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ragcore.store.base import VectorStore
     from ragcore.store.registry import IndexRegistry
     from schemas.entities import ContentFormat
+    from streams.settings import IngestSettings
 
 #: Entry-point group through which other distributions add subcommands: each entry is a
 #: callable taking the subparsers action (see devtools/ragdev/cli.py).
@@ -344,37 +345,87 @@ def _cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def _cmd_dlq(args: argparse.Namespace) -> int:
-    from prometheus_client import CollectorRegistry
-
-    from ragcore.errors import ConfigError
-    from ragstream.dlq import replay_dlq
-    from streams.app import build_worker
+    from ragstream.dlq import (
+        KafkaLetters,
+        describe_letters,
+        list_group,
+        parking_topic_of,
+    )
     from streams.decode import decode_record
     from streams.settings import IngestSettings
 
     settings = IngestSettings()
+    dlq_topic = settings.consumer.dlq_topic
+    parking = args.parking_topic or parking_topic_of(dlq_topic)
+    topic = parking if args.parked else (args.topic or dlq_topic)
+    options = settings.decode.options()
+    if args.action == "list":
+        with KafkaLetters(
+            settings.kafka,
+            topic,
+            list_group(topic),
+            from_beginning=True,
+            idle_s=args.idle_s,
+            missing_ok=topic == parking,
+        ) as letters:
+            records = letters.read().records
+        print_json(
+            describe_letters(
+                records,
+                decode=lambda raw: decode_record(raw, options),
+                config=settings.plan,
+                reindex_topic=settings.consumer.reindex_topic,
+            )
+        )
+        return 0
+    return _dlq_replay(args, settings, topic, parking)
+
+
+def _dlq_replay(
+    args: argparse.Namespace, settings: IngestSettings, topic: str, parking: str
+) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from ragcore.errors import ConfigError, UnavailableError
+    from ragstream.dlq import KafkaLetters, ReplayReport, replay_dlq, sor_locator
+    from streams.app import build_worker
+    from streams.decode import decode_record
+
     worker = build_worker(settings, CollectorRegistry())
     try:
-        if worker.sor is None:
+        sor = worker.sor
+        if sor is None:
             raise ConfigError("dlq replay re-reads the SoR: set RAGSTREAM_SOR__KIND")
-        worker.check()
         options = settings.decode.options()
-        report = replay_dlq(
-            settings.kafka,
-            settings.consumer.dlq_topic,
-            args.group or f"{settings.consumer.group_id}-dlq-replay",
-            decode=lambda raw: decode_record(raw, options),
-            config=settings.plan,
-            handler=worker.handler,
-            known_tenants=worker.targets.known_tenants,
-            from_beginning=args.from_beginning,
-            idle_s=args.idle_s,
-            high_watermark_slack=settings.consumer.high_watermark_slack,
-        )
+        try:
+            worker.check()
+        except UnavailableError as exc:  # an outage before anything was read
+            report = ReplayReport(topic, parking).unavailable(exc)
+        else:
+            with KafkaLetters(
+                settings.kafka,
+                topic,
+                args.group or f"{settings.consumer.group_id}-dlq-replay",
+                from_beginning=args.from_beginning,
+                idle_s=args.idle_s,
+                high_watermark_slack=settings.consumer.high_watermark_slack,
+                missing_ok=topic == parking,
+            ) as letters:
+                report = replay_dlq(
+                    letters,
+                    parking_topic=parking,
+                    decode=lambda raw: decode_record(raw, options),
+                    config=settings.plan,
+                    handler=worker.handler,
+                    known_tenants=worker.targets.known_tenants,
+                    locate=sor_locator(sor),
+                    reindex_topic=settings.consumer.reindex_topic,
+                    max_attempts=args.max_attempts,
+                )
     finally:
         worker.close()
     print_json(report.as_dict())
-    return 0 if report.ok else 1
+    return report.exit_code
 
 
 def _cmd_slots(args: argparse.Namespace) -> int:
@@ -764,15 +815,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "dlq",
-        help="replay: re-read from the SoR every entity named by a dead-lettered record, once "
-        "its cause (e.g. a table mapping after a schema change) is fixed; exit 1 while some "
-        "still fail",
+        help="replay: re-read from the SoR every entity a dead letter names, once its cause "
+        "(e.g. a table mapping after a schema change) is fixed; what still fails is re-queued "
+        "(parked after --max-attempts), what never can be replayed is parked; list: print the "
+        "letters and what a replay would do with each. Replay exit codes: 0 nothing left "
+        "failing in the topic replayed, 1 letters re-queued (or lost to retention), 3 an "
+        "outage (nothing committed)",
     )
-    p.add_argument("action", choices=["replay"])
+    p.add_argument("action", choices=["replay", "list"])
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--topic", default=None, help="the topic to read (default: RAGSTREAM_CONSUMER__DLQ_TOPIC)"
+    )
+    where.add_argument(
+        "--parked", action="store_true", help="read the parking topic (--parking-topic)"
+    )
+    p.add_argument(
+        "--parking-topic",
+        default=None,
+        help="where letters that cannot be replayed are parked (default: <DLQ topic>.parked)",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=5,
+        help="park a letter whose entity still cannot be indexed after this many replays "
+        "(before: re-queue it at the tail of the topic replayed)",
+    )
     p.add_argument(
         "--from-beginning",
         action="store_true",
-        help="read the whole DLQ again (default: after what the last successful replay read)",
+        help="replay the whole topic again (default: after what the last replay read)",
     )
     p.add_argument("--group", default=None, help="consumer group (default: <group>-dlq-replay)")
     p.add_argument(

@@ -69,6 +69,8 @@ ENV_FILE = "dev.env"
 #: The topics the stack creates besides one per mapped table.
 SERVICE_TOPICS = (
     "ragstream.dlq",
+    # where `ragstream dlq replay` parks the letters it can never replay
+    "ragstream.dlq.parked",
     "ragstream.audit",
     "ragstream.reindex-requests",
     # Debezium's heartbeats (`topic.heartbeat.prefix`.`topic.prefix`): created up front, so the

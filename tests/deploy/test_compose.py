@@ -344,6 +344,7 @@ def test_startup_order_gates_on_what_each_service_needs(
 def test_kafka_init_creates_every_topic_the_services_use(
     services: dict[str, dict[str, Any]], connector: dict[str, str]
 ) -> None:
+    from ragstream.dlq import parking_topic_of
     from retrieval_api.settings import RetrieveSettings
     from streams.consumer import ConsumerConfig
 
@@ -370,6 +371,8 @@ def test_kafka_init_creates_every_topic_the_services_use(
     }
     assert defaults <= used
     assert used <= set(topics)
+    # `ragstream dlq replay` parks what it can never replay beside the DLQ (no auto-creation)
+    assert parking_topic_of(ingest_env["RAGSTREAM_CONSUMER__DLQ_TOPIC"]) in topics
     table = connector["table.include.list"]
     assert f"{connector['topic.prefix']}.{table}" in topics
     assert all(partitions >= 1 for partitions in topics.values())

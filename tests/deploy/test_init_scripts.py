@@ -168,6 +168,7 @@ def test_topic_script_creates_each_compose_topic_idempotently(tmp_path: Path) ->
     assert topics == {
         "sor.public.entities": "6",
         "ragstream.dlq": "1",
+        "ragstream.dlq.parked": "1",
         "ragstream.audit": "3",
         "ragstream.reindex-requests": "3",
         "__debezium-heartbeat.sor": "1",

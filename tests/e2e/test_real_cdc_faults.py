@@ -28,7 +28,7 @@ from ragcore.mapping import TableMapping
 from ragcore.plan import PlanConfig
 from ragdev.services.postgres import PostgresCluster
 from ragdev.services.tansu import TansuBroker
-from ragstream.dlq import ReplayReport, replay_dlq
+from ragstream.dlq import KafkaLetters, ReplayReport, parking_topic_of, replay_dlq, sor_locator
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
 from streams.decode import decode_record
@@ -73,18 +73,25 @@ class FaultCdc(Cdc):
     def replay(self) -> ReplayReport:
         """`ragstream dlq replay`, in process (qdrant-edge allows one opener: the worker's)."""
         options = self.worker.settings.decode.options()
-        return replay_dlq(
+        letters = KafkaLetters(
             KafkaSettings(bootstrap_servers=self.broker.bootstrap_servers),
             self.dlq,
             f"{self.group}-dlq-replay",
-            decode=lambda raw: decode_record(raw, options),
-            config=self.plan,
-            handler=self.worker.handler,
-            known_tenants=self.worker.targets.known_tenants,
             idle_s=2.0,
             # tansu reports a batch's base offset + 1 as the high watermark (dev stack: the same)
             high_watermark_slack=1_000,
         )
+        with letters:
+            return replay_dlq(
+                letters,
+                parking_topic=parking_topic_of(self.dlq),
+                decode=lambda raw: decode_record(raw, options),
+                config=self.plan,
+                handler=self.worker.handler,
+                known_tenants=self.worker.targets.known_tenants,
+                locate=sor_locator(self.sor),
+                reindex_topic=self.worker.settings.consumer.reindex_topic,
+            )
 
     def refresh_health(self) -> None:
         self.services.run(self.app.server.refresh_health())
@@ -254,13 +261,25 @@ def test_a_renamed_content_column_dead_letters_its_events_and_replay_brings_them
         cdc.retrieve_metrics.get_sample_value("ragstream_retrieve_sor_table_unreadable", unreadable)
         == 1
     )
-    # while the mapping still reads `note`, a replay fixes nothing and commits nothing
+    # while the mapping still reads `note`, a replay fixes nothing: both letters are re-queued
+    # at the DLQ's tail (nothing blocks the letters after them) and the replay exits 1
     report = cdc.replay()
-    assert report.failing and not report.committed
+    assert (report.read, len(report.requeued), report.committed, report.exit_code) == (
+        2,
+        2,
+        True,
+        1,
+    )
+    assert {r["code"] for r in report.requeued} == {"SOR_TABLE_UNREADABLE"}
 
     cdc.sql("ALTER TABLE order_lines RENAME COLUMN remark TO note")  # the fix (runbook)
-    report = cdc.replay()
-    assert (report.failing, report.committed) == ([], True)
+    report = cdc.replay()  # the re-queued letters
+    assert (report.replayed, report.requeued, report.committed, report.exit_code) == (
+        2,
+        [],
+        True,
+        0,
+    )
     assert report.entities == 2
     cdc.refresh_health()
     assert cdc.health(f"sor:{table}") == health_pb2.HealthCheckResponse.SERVING
@@ -302,7 +321,7 @@ def test_a_dropped_content_column_dead_letters_its_events_and_the_runbook_conver
     # the rows indexed before the drop are stale until the repairing reconcile re-reads them
     cdc.sql("ALTER TABLE order_lines ADD COLUMN note text")
     report = cdc.replay()
-    assert (report.failing, report.committed, report.entities) == ([], True, 1)
+    assert (report.replayed, report.requeued, report.committed, report.entities) == (1, [], True, 1)
     stale = [
         reconcile(t, sor=cdc.sor, store=cdc.store, registry=cdc.worker.registry) for t in TENANTS
     ]
