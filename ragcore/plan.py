@@ -125,6 +125,34 @@ class PlanConfig(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
+class DeferredEntity:
+    """The entity of a document table's row, built when it is applied rather than when it is
+    planned: building it reads the file (a reference is fetched, bytes are base64-encoded for
+    the content), which the ingest worker does one batch at a time within its document budget,
+    never for everything it has read ahead."""
+
+    row: Mapping[str, Any]
+    mapping: TableMapping
+    tenant_id: TenantId
+    entity_id: str
+    version: EntityVersion
+    hasher: ContentHasher
+    where: str
+
+    def build(self) -> Entity:
+        """The entity (`build_entity`: DocumentError / MappingError when it cannot be had)."""
+        return build_entity(
+            RowView(self.row, self.where),
+            self.mapping,
+            tenant_id=self.tenant_id,
+            entity_id=self.entity_id,
+            version=self.version,
+            hasher=self.hasher,
+            where=self.where,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """The decision for one record. `reason` is a stable code; `detail` is for people."""
 
@@ -135,7 +163,9 @@ class Plan:
     tenant_id: TenantId | None = None  # None on a delete whose row carried no tenant column
     entity_id: str | None = None
     version: EntityVersion | None = None
-    entity: Entity | None = None  # set for UPSERT
+    entity: Entity | None = None  # set for UPSERT (or `deferred`)
+    #: an UPSERT of a document table planned with `defer_documents`: its entity, to be built
+    deferred: DeferredEntity | None = None
     #: the row moved from this tenant (delete it there); validated like `tenant_id`
     previous_tenant_id: TenantId | None = None
     table: str | None = None  # the mapped table's name (`TableMapping.label`)
@@ -143,8 +173,16 @@ class Plan:
     detail: str = ""
 
 
-def plan_event(event: ChangeEvent, config: PlanConfig, hasher: ContentHasher) -> Plan:
-    """Plan one decoded record. Raises `MappingError` for a change row that cannot be mapped."""
+def plan_event(
+    event: ChangeEvent,
+    config: PlanConfig,
+    hasher: ContentHasher,
+    *,
+    defer_documents: bool = False,
+) -> Plan:
+    """Plan one decoded record. Raises `MappingError` for a change row that cannot be mapped.
+    `defer_documents`: an upsert of a document table carries a `DeferredEntity` instead of its
+    entity (the file is read when the plan is applied)."""
     base: dict[str, Any] = {
         "position": event.position,
         "op": event.op,
@@ -163,7 +201,7 @@ def plan_event(event: ChangeEvent, config: PlanConfig, hasher: ContentHasher) ->
     if event.kind is RecordKind.MESSAGE:
         action = Action.SKIP if config.policy.message == "skip" else Action.DLQ
         return Plan(action, "logical_message", detail=f"prefix {event.message_prefix!r}", **base)
-    return _plan_change(event, config, hasher, base)
+    return _plan_change(event, config, hasher, base, defer_documents)
 
 
 def _mapping(event: ChangeEvent, config: PlanConfig) -> TableMapping:
@@ -192,7 +230,11 @@ def _plan_truncate(event: ChangeEvent, config: PlanConfig, base: dict[str, Any])
 
 
 def _plan_change(
-    event: ChangeEvent, config: PlanConfig, hasher: ContentHasher, base: dict[str, Any]
+    event: ChangeEvent,
+    config: PlanConfig,
+    hasher: ContentHasher,
+    base: dict[str, Any],
+    defer_documents: bool = False,
 ) -> Plan:
     mapping = _mapping(event, config)
     base = {**base, "table": mapping.label}
@@ -229,6 +271,11 @@ def _plan_change(
             ),
             **common,
         )
+    if defer_documents and mapping.document is not None:
+        deferred = DeferredEntity(
+            event.after, mapping, tenant_id, entity_id, version, hasher, where
+        )
+        return Plan(Action.UPSERT, "upsert", deferred=deferred, **common)
     entity = build_entity(
         row,
         mapping,
@@ -272,6 +319,8 @@ class RecordIdentity:
     table: str | None = None
     entity_id: str | None = None
     tenant_id: str | None = None
+    #: an update that moved the row from another (valid) tenant names it
+    moved_from: str | None = None
 
 
 def record_identity(event: ChangeEvent, config: PlanConfig) -> RecordIdentity:
@@ -297,7 +346,11 @@ def record_identity(event: ChangeEvent, config: PlanConfig) -> RecordIdentity:
         if tenant is None:
             with contextlib.suppress(MappingError):
                 tenant = mapping.row_tenant_if_known(RowView(row, where))
-    return RecordIdentity(mapping.label, entity_id, tenant)
+    moved_from = None
+    if event.op is Op.UPDATE and tenant is not None and event.before is not None:
+        with contextlib.suppress(MappingError):
+            moved_from = _previous_tenant(event, mapping, tenant, where)
+    return RecordIdentity(mapping.label, entity_id, tenant, moved_from)
 
 
 def check_columns(

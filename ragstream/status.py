@@ -56,6 +56,11 @@ CALIBRATION = "ragstream_tenants_calibration"
 #: The calibration states a refit is due for (`ragcore.calibration_state`).
 REFIT_STATES = ("stale", "unreadable")
 ADMISSION = "ragstream_retrieve_admission_total"
+ASSIGNED = "ragstream_ingest_assigned_partitions"
+HEARTBEAT = "ragstream_ingest_loop_heartbeat_timestamp_seconds"
+#: How old a worker's loop heartbeat may be before its loop counts as lost (the threads beat
+#: every poll or batch: seconds, or one batch's length).
+HEARTBEAT_LIMIT_S = 120.0
 
 
 STALE_ROW = "tenants with a stale calibration"
@@ -141,12 +146,43 @@ def _row(
     *,
     missing: str = "no data",
     note: str = "",
+    minimum: float | None = None,
 ) -> Row:
+    """A figure judged by its SLO: at most `limit`, or (`minimum`) at least that."""
     slo = f"<= {fmt(limit)}" if limit is not None else ""
+    slo = f">= {fmt(minimum)}" if minimum is not None else slo
     if value is None or math.isnan(value):
         return Row(name, None, missing, slo, False, note)
-    breached = limit is not None and value > limit
+    breached = (limit is not None and value > limit) or (minimum is not None and value < minimum)
     return Row(name, value, fmt(value), slo, breached, note)
+
+
+def _ingest_rows(assigned: float | None, heartbeat_age: float | None, exported: bool) -> list[Row]:
+    """Whether any worker consumes and whether its loops go round: 0 partitions assigned (no
+    member holds any: nobody consumes) and a heartbeat older than `HEARTBEAT_LIMIT_S` (a worker
+    whose processing loop died or hangs) are breaches, not a quiet stack."""
+    if not exported:
+        return [
+            _row("ingest partitions assigned", None, _count, None, missing=NOT_EXPORTED),
+            _row("ingest loop heartbeat age", None, _seconds, None, missing=NOT_EXPORTED),
+        ]
+    return [
+        _row(
+            "ingest partitions assigned",
+            assigned,
+            _count,
+            None,
+            minimum=1,
+            note="0: no worker consumes",
+        ),
+        _row(
+            "ingest loop heartbeat age",
+            heartbeat_age,
+            _seconds,
+            HEARTBEAT_LIMIT_S,
+            note="the oldest thread of any worker",
+        ),
+    ]
 
 
 # --- /metrics --------------------------------------------------------------------------------
@@ -312,6 +348,12 @@ def from_metrics(
         _row("backlog age", max(ages, default=0.0), _seconds, slos.backlog_age_s)
         if exported(BACKLOG_AGE)
         else _row("backlog age", None, _seconds, None, missing=NOT_EXPORTED)
+    )
+    beats = [v for _, v, _ in view.series(HEARTBEAT)]
+    rows += _ingest_rows(
+        sum(v for _, v, _ in view.series(ASSIGNED)),
+        max((time.time() - b for b in beats), default=None),
+        exported(ASSIGNED),
     )
     lags = view.series(LAG)
     rows.append(
@@ -581,6 +623,11 @@ def from_prometheus(base: str, slos: Slos, selector: str = "") -> Report:
         else _row(name, None, fmt, None, missing=NOT_EXPORTED)
         for name, needs, value, fmt, limit, note in table
     ]
+    rows[2:2] = _ingest_rows(
+        q(f"sum({m(ASSIGNED)})"),
+        q(f"max(time() - {m(HEARTBEAT)})") if HEARTBEAT in names else None,
+        ASSIGNED in names,
+    )
     tenants = []
     if ADMISSION in names:
         refusals = m(ADMISSION, 'outcome!="admitted"')

@@ -360,7 +360,10 @@ def build_worker(
     consumer = settings.consumer.model_copy(
         update={"topics": consumed_topics(settings.consumer.topics, settings)}
     )
-    metrics = IngestMetrics(registry)
+    schedule = settings.consumer.scheduler
+    metrics = IngestMetrics(
+        registry, tenant_classes=[t.tenant_class for t in schedule.tenants.values()]
+    )
     core = build_core(
         settings,
         embedder=embedder,
@@ -394,7 +397,7 @@ def build_worker(
 
     def plan(event: ChangeEvent) -> Plan:
         try:
-            return plan_event(event, settings.plan, preparer.content_hash)
+            return plan_event(event, settings.plan, preparer.content_hash, defer_documents=True)
         except SchemaDriftError as exc:
             for column in exc.columns:
                 metrics.schema_drift.labels(exc.table, column).inc()
@@ -420,6 +423,9 @@ def build_worker(
         reindex_topic=settings.consumer.reindex_topic,
         other_models=other_models,
         locate=lambda event: record_identity(event, settings.plan),
+        tenant_class=lambda tenant: (
+            schedule.tenants[tenant].tenant_class if tenant in schedule.tenants else "default"
+        ),
     )
     own_tracing = tracing or Tracing.from_env("ragstream-ingest")
     # every mapped column exported at 0 from the start: `increase()` sees the first drift
@@ -498,4 +504,10 @@ def main() -> int:
     except ConfigError as exc:
         log.error("cannot start: %s", exc)
         return 2
+    except RagstreamError as exc:
+        # the processing loop died (its cause is logged): exit non-zero at once, so that the
+        # orchestrator restarts the worker and its alerts see it, rather than a process that
+        # lives on indexing nothing
+        log.critical("the ingest worker stopped: %s", exc)
+        return 1
     return 0

@@ -1,18 +1,32 @@
-"""The core consumer loop: poll a batch, hand it to the handler, DLQ the poison, commit.
+"""The ingest consumer: read ahead, apply fairly and out of offset order, commit what is safe.
 
-Invariants (docs/decisions/kafka-client-and-consumer-loop.md):
-- offsets are committed only after the handler returned, i.e. after every write of the batch
-  was acknowledged by the store, and after every DLQ record of the batch was delivered;
-- per-partition order is Kafka's: one batch at a time, handled in offset order;
-- a retryable dependency failure (embedder, store, SoR or the DLQ topic overloaded or
-  unreachable) commits nothing:
-  the batch's partitions are rewound to the batch start and all partitions are paused for a
-  backoff (honouring retry-after), then resumed. Re-processing is safe: writes are idempotent;
-- revocation can only happen inside `poll()`/`consume()`, while a batch is being fetched, when
-  nothing is being handled and everything handled was committed; so revoking needs no extra
-  commit, and the fetched records of a partition that went to another member are dropped
-  (its new owner starts at the committed offset);
-- while behind (`catch_up_wait_ms`) a batch is fetched for longer, never a record that is not;
+Two threads share the work (docs/decisions/tenant-fair-ingest.md,
+docs/decisions/kafka-client-and-consumer-loop.md):
+
+- the **intake** (the thread that calls `run`) polls, decodes and routes each record, keeps it
+  within the read-ahead budget or drops it for a later rescan (`streams.readahead`), queues it
+  in the `streams.scheduler.Scheduler`, commits, and serves rebalances. It polls all the time,
+  so the group membership survives however long a batch takes (`max.poll.interval.ms`);
+- the **apply** thread takes batches from the scheduler (per-key order, barriers, lanes, tenant
+  turns), applies them (`RecordHandler.apply`: resolve, decide, embed, write), delivers their
+  dead letters, and marks their offsets finished.
+
+Invariants:
+- a partition's committed offset is the lowest record not yet finished (applied with every
+  write acknowledged by the store, or dead-lettered with the DLQ acknowledging it, or needing no
+  work); the finished offsets above it travel in the commit metadata (`streams.offsets`), so a
+  restart skips them; metadata that does not fit is cut (those records are redone, never lost);
+- the records of one key are applied in offset order; a barrier (TRUNCATE, schema change,
+  tenant move) after everything before it in its partition, before everything after it;
+- a retryable dependency failure (embedder, store, SoR, DLQ: `RETRYABLE`) finishes nothing: the
+  batch goes back to the scheduler and applying pauses for a backoff (honouring retry-after),
+  while the intake keeps reading ahead within the budget. Re-processing is safe: writes are
+  idempotent;
+- anything else the apply raises is fatal: the worker stops and `run` raises (a non-zero exit:
+  the data's own failures never get here, the handler dead-letters them);
+- revocation happens inside `poll()` on the intake thread: the revoked partitions' queued units
+  are dropped, their units in flight are waited for (so no write of this member lands after its
+  successor's), their commit points are committed, and their state forgotten;
 - no offset ever jumps silently (`auto.offset.reset=error`): a partition the group never read
   starts at its first offset by an explicit assignment, and a committed offset or a fetch
   position that fell out of the log (retention overtook the worker) is logged, counted in
@@ -30,7 +44,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -42,7 +56,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ragcore.errors import (
     ConfigError,
@@ -56,6 +70,10 @@ from ragcore.kafka_config import KafkaSettings
 from ragcore.tracing import Tracing
 from schemas.events import RawRecord
 from streams.metrics import IngestMetrics
+from streams.offsets import DEFAULT_METADATA_BYTES, CommitPoint, Seen, decode_done
+from streams.readahead import ReadAhead, Route
+from streams.scheduler import Scheduler, SchedulerConfig, Unit
+from streams.scheduler import TopicPartition as Part
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +102,124 @@ def dependency_of(exc: RagstreamError) -> str:
 
 
 DLQ_HEADER_PREFIX = "ragstream."
+
+
+class TenantSchedule(BaseModel):
+    """One tenant's place in the ingest scheduler."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    weight: float = Field(
+        default=1.0,
+        gt=0,
+        le=100,
+        description="The tenant's share of each batch relative to others (2: twice a turn).",
+    )
+    tenant_class: str = Field(
+        default="default",
+        pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$",
+        description="The metrics label of the tenant (backlog and freshness by class).",
+    )
+
+
+class SchedulerSettings(BaseModel):
+    """How the worker shares its work between tenants and lanes, and how far it reads ahead
+    (docs/decisions/tenant-fair-ingest.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fair: bool = Field(
+        default=True,
+        description=(
+            "Tenants take turns and live changes go before snapshot and reindex traffic. Off: "
+            "one queue in arrival order (per-key order and barriers still hold)."
+        ),
+    )
+    quantum: int = Field(
+        default=32, gt=0, description="Units (entities) a tenant of weight 1 gives one batch."
+    )
+    max_batch_units: int = Field(
+        default=64, gt=0, description="Units (entities) one batch applies at most."
+    )
+    max_batch_documents: int = Field(
+        default=2,
+        gt=0,
+        description=(
+            "Entities of document tables one batch applies at most (each may fetch and extract "
+            "a file of up to its table's document.max_bytes)."
+        ),
+    )
+    read_ahead_records: int = Field(
+        default=20_000, gt=0, description="Records the worker holds fetched and not finished."
+    )
+    read_ahead_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        gt=0,
+        description=(
+            "Bytes (record keys and values) the worker holds fetched and not finished; the "
+            "process holds about 2-3x this in memory for them (decoded rows, planned entities)."
+        ),
+    )
+    tenant_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description=(
+            "The share of the read-ahead budget one tenant may hold; its further records are "
+            "fetched again later (a rescan), so the other tenants' changes always find room."
+        ),
+    )
+    tenants: dict[str, TenantSchedule] = Field(
+        default_factory=dict,
+        description=(
+            'Weight and class per tenant (JSON object), e.g. {"globex": {"weight": 0.5, '
+            '"tenant_class": "bulk"}}; others: weight 1, class default.'
+        ),
+    )
+    commit_interval_ms: int = Field(
+        default=200, ge=0, description="How often the worker commits what it finished."
+    )
+    max_metadata_bytes: int = Field(
+        default=DEFAULT_METADATA_BYTES,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "Commit metadata (finished offsets above the committed one) kept within this "
+            "(Kafka's offset.metadata.max.bytes is 4096); what does not fit is redone after a "
+            "restart. 0: no metadata."
+        ),
+    )
+    revoke_wait_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "How long a revocation waits for the revoked partitions' batch in flight to be "
+            "applied before it lets the partitions go (keep below max_poll_interval_ms)."
+        ),
+    )
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenant_names(cls, value: dict[str, TenantSchedule]) -> dict[str, TenantSchedule]:
+        from ragcore.store.ids import TenantId  # noqa: PLC0415 - a settings-time check
+
+        for name in value:
+            TenantId(name)
+        return value
+
+    def scheduler_config(self) -> SchedulerConfig:
+        """The scheduler's own form of these settings."""
+        return SchedulerConfig(
+            fair=self.fair,
+            quantum=self.quantum,
+            max_batch_units=self.max_batch_units,
+            max_batch_heavy=self.max_batch_documents,
+            weights={t: s.weight for t, s in self.tenants.items()},
+            classes={t: s.tenant_class for t, s in self.tenants.items()},
+            max_records=self.read_ahead_records,
+            max_bytes=self.read_ahead_bytes,
+            tenant_share=self.tenant_share,
+        )
 
 
 class ConsumerConfig(BaseModel):
@@ -145,6 +281,7 @@ class ConsumerConfig(BaseModel):
     metadata_refresh_ms: int = Field(default=10_000, ge=1_000)
     #: DLQ values above this are truncated (the header says so; the original stays in its topic).
     dlq_max_value_bytes: int = 900_000
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     lag_refresh_s: float = Field(
         default=5.0,
         gt=0,
@@ -234,7 +371,8 @@ class DeadLetter:
 
 
 class BatchHandler(Protocol):
-    """Processes one batch of records in offset order; must be idempotent.
+    """Processes one batch of records in offset order; must be idempotent (the simple form of
+    a handler: tests and tools; `BatchAdapter` runs it under the consumer loop).
 
     Returns the records to dead-letter. Raises an error from `RETRYABLE` when a dependency is
     overloaded (the whole batch is retried later) and any other exception for a fatal condition.
@@ -243,6 +381,66 @@ class BatchHandler(Protocol):
     def handle(self, records: Sequence[RawRecord]) -> Sequence[DeadLetter]:
         """Process `records`; everything not returned as a dead letter is durably applied."""
         ...
+
+
+P = TypeVar("P")
+
+
+@dataclass(frozen=True, slots=True)
+class Routed(Generic[P]):
+    """A decoded record's place in the scheduler (`route`) and how to plan it (`plan`: called
+    only when the record is kept; None from it means the record needs no work)."""
+
+    route: Route
+    plan: Callable[[], P | None]
+
+
+@runtime_checkable
+class RecordHandler(Protocol[P]):
+    """What the consumer loop asks of the ingest handler (`streams.ingest.IngestHandler`)."""
+
+    def route(self, record: RawRecord) -> Routed[P] | None:
+        """Decode `record` and say where it goes; None when it needs no work (a heartbeat, a
+        tombstone). Never raises for the record's content: a bad record routes to a dead
+        letter."""
+        ...
+
+    def merge(self, earlier: P, later: P) -> P | None:
+        """One payload for two queued units of one key (the later supersedes), or None."""
+        ...
+
+    def heavy(self, payload: P) -> bool:
+        """Whether the payload is costly to apply (a document): few of them go in a batch."""
+        ...
+
+    def apply(self, payloads: Sequence[P]) -> Sequence[DeadLetter]:
+        """Apply a batch; return its dead letters. Raises an error from `RETRYABLE` when a
+        dependency is overloaded or unreachable (nothing of the batch counts as applied)."""
+        ...
+
+
+class BatchAdapter:
+    """A `RecordHandler` over a `BatchHandler`: every record is its own unit, of no tenant and
+    no key, applied in arrival order (tests and tools that handle raw records)."""
+
+    def __init__(self, handler: BatchHandler) -> None:
+        self.handler = handler
+
+    def route(self, record: RawRecord) -> Routed[list[RawRecord]]:
+        """Every record is work, in one lane."""
+        return Routed(Route(""), lambda: [record])
+
+    def merge(self, earlier: list[RawRecord], later: list[RawRecord]) -> None:
+        """Never merged."""
+        return None
+
+    def heavy(self, payload: list[RawRecord]) -> bool:
+        """Nothing is heavy."""
+        return False
+
+    def apply(self, payloads: Sequence[list[RawRecord]]) -> Sequence[DeadLetter]:
+        """The batch's records, in arrival order, to the batch handler."""
+        return self.handler.handle([r for p in payloads for r in p])
 
 
 def to_raw(msg: Message) -> RawRecord:
@@ -263,30 +461,6 @@ def to_raw(msg: Message) -> RawRecord:
         headers=headers,
         timestamp_ms=ts if ts_type != 0 else None,
     )
-
-
-def after_rebalance(
-    msgs: Sequence[Message], revoked: set[tuple[str, int]], assigned: set[tuple[str, int]]
-) -> list[Message]:
-    """The messages of a fetch during which `revoked` partitions were revoked, in order: none
-    of a partition now owned by another member (not handled, not committed: its new owner
-    starts at the group's committed offset), and of a partition assigned back only those
-    fetched since it restarted at the committed offset (an offset going back marks the
-    restart; the records before it are fetched again, so per-partition order holds)."""
-    start: dict[tuple[str, int], int] = {}
-    last: dict[tuple[str, int], int] = {}
-    for i, msg in enumerate(msgs):
-        tp, offset = (msg.topic(), msg.partition()), msg.offset()
-        if msg.error() is None and tp in revoked and offset is not None:
-            if tp in last and offset <= last[tp]:
-                start[tp] = i
-            last[tp] = offset
-    return [
-        m
-        for i, m in enumerate(msgs)
-        if (tp := (m.topic(), m.partition())) not in revoked
-        or (tp in assigned and i >= start.get(tp, 0))
-    ]
 
 
 def dlq_headers(letter: DeadLetter, truncated: bool) -> list[tuple[str, str | bytes | None]]:
@@ -320,13 +494,13 @@ def dlq_headers(letter: DeadLetter, truncated: bool) -> list[tuple[str, str | by
 
 
 class ConsumerLoop:
-    """Runs the ingest consumer group until `stop` is set."""
+    """Runs the ingest consumer group until `stop` is set (see the module docstring)."""
 
     def __init__(
         self,
         kafka: KafkaSettings,
         config: ConsumerConfig,
-        handler: BatchHandler,
+        handler: RecordHandler[Any] | BatchHandler,
         metrics: IngestMetrics,
         *,
         sleep: Callable[[float], None] = time.sleep,
@@ -338,30 +512,47 @@ class ConsumerLoop:
         self._on_offset_gaps = on_offset_gaps
         self._tracing = tracing or Tracing.off()
         self._config = config
-        self._handler = handler
+        self._handler: RecordHandler[Any] = (
+            handler if isinstance(handler, RecordHandler) else BatchAdapter(handler)
+        )
         self._metrics = metrics
         self._sleep = sleep
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
+        schedule = config.scheduler
+        self.scheduler: Scheduler[Any] = Scheduler(
+            schedule.scheduler_config(),
+            self._handler.merge,
+            heavy=lambda unit: self._handler.heavy(unit.payload),
+        )
+        self.readahead = ReadAhead(self.scheduler, max_metadata_bytes=schedule.max_metadata_bytes)
+        #: the end of a backoff (set by the apply thread, honoured by both)
         self._paused_until: float | None = None
+        self._budget_paused = False
+        self._paused = False
         self._backoff = config.backoff_initial_s
-        self._assigned: set[tuple[str, int]] = set()
-        #: partitions revoked while a batch is being fetched (its records of them are dropped)
-        self._revoked: set[tuple[str, int]] = set()
+        self._assigned: set[Part] = set()
         # lag bookkeeping: the group's committed offset and the last high watermark per partition
-        self._committed: dict[tuple[str, int], int] = {}
-        self._high: dict[tuple[str, int], int] = {}
+        self._committed: dict[Part, int] = {}
+        self._high: dict[Part, int] = {}
         self._lag_due = 0.0
-        #: per assigned partition, the next offset the loop needs (or a logical one:
-        #: OFFSET_BEGINNING, OFFSET_INVALID for the group's committed offset); re-assigning a
-        #: partition whose fetch stopped restarts every other partition from here (eager)
-        self._positions: dict[tuple[str, int], int] = {}
+        self._commit_due = 0.0
+        #: per assigned partition, where its fetch stands (or a logical offset: OFFSET_BEGINNING,
+        #: OFFSET_INVALID for the group's committed offset); re-assigning a partition whose
+        #: fetch stopped restarts every other partition from here (eager)
+        self._positions: dict[Part, int] = {}
         #: partitions whose fetch stopped on an offset reset, with librdkafka's fetch position
         #: (None: no committed offset), waiting for `_restart_stopped`
-        self._stopped: dict[tuple[str, int], int | None] = {}
+        self._stopped: dict[Part, int | None] = {}
+        #: the highest offset the commit metadata read at assignment names finished (redo count)
+        self._done_before_max: dict[Part, int] = {}
         self._cooperative = all(
             s.strip() == "cooperative-sticky" for s in config.assignment_strategy.split(",")
         )
+        #: what ended the apply thread, re-raised by `run`
+        self._failure: BaseException | None = None
+        metrics.read_ahead.observe(self.scheduler, self.readahead)
+        metrics.backlog.source(self._oldest_pending)
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -451,6 +642,13 @@ class ConsumerLoop:
             return None
         return (named[0], 0) in self._assigned
 
+    @property
+    def failure(self) -> BaseException | None:
+        """What stopped the apply thread, if anything did."""
+        return self._failure
+
+    # --- rebalances -------------------------------------------------------------------------
+
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._assigned.update((p.topic, p.partition) for p in partitions)
         self._metrics.assigned_partitions.set(len(self._assigned))
@@ -463,22 +661,25 @@ class ConsumerLoop:
             consumer.incremental_assign(assignment)
         else:
             consumer.assign(assignment)
+        if self._paused:
+            consumer.pause([TopicPartition(t, p) for (t, p) in starts])
 
-    def start_offsets(
-        self, consumer: Consumer, partitions: Sequence[tuple[str, int]]
-    ) -> dict[tuple[str, int], int]:
+    def start_offsets(self, consumer: Consumer, partitions: Sequence[Part]) -> dict[Part, int]:
         """Where each newly assigned partition starts, from the group's committed offset and
         the partition's watermarks: OFFSET_BEGINNING where the group never committed (a new
         group reads everything); the low watermark where the committed offset is out of range
         (each such gap is logged as an ERROR naming the lost offsets, counted in
         `ragstream_ingest_offset_gaps_total` and handed to `on_offset_gaps`); otherwise the
-        committed offset (OFFSET_INVALID). Records the positions for `_restart_stopped`.
+        committed offset (OFFSET_INVALID), whose commit metadata names the offsets above it
+        an earlier owner finished (skipped when fetched again). Sets up each partition's
+        read-ahead state and records the positions for `_restart_stopped`.
 
         When the broker does not answer, every partition starts at its committed offset and
         librdkafka's error event for one without (or out of range) does the rest."""
         timeout = self._config.lag_query_timeout_s
         starts = {tp: OFFSET_INVALID for tp in partitions}
         positions = dict(starts)
+        states: dict[Part, tuple[int | None, list[int]]] = {tp: (None, []) for tp in partitions}
         gaps: list[OffsetGap] = []
         try:
             committed = (
@@ -505,9 +706,13 @@ class ConsumerLoop:
                 )
                 if gap is None:
                     positions[key] = tp.offset
+                    done = decode_done(tp.offset, tp.metadata)
+                    states[key] = (tp.offset, done)
+                    self._committed[key] = tp.offset
                 else:
                     gaps.append(gap)
                     starts[key] = positions[key] = gap.low
+                    states[key] = (gap.low, [])
         except KafkaException as exc:
             log.error(
                 "cannot compare the committed offsets of %s with their watermarks (%s): "
@@ -517,8 +722,19 @@ class ConsumerLoop:
                 exc,
             )
             starts = {tp: OFFSET_INVALID for tp in partitions}
-            self._positions.update(starts)
-            return starts
+            states = {tp: (None, []) for tp in partitions}
+            positions = dict(starts)
+        for part, (start, done) in states.items():
+            self.readahead.assign(part, start, done)
+            if done:
+                self._done_before_max[part] = max(done)
+                log.info(
+                    "%s[%d]: the commit metadata names %d offsets above %s finished by an "
+                    "earlier owner: skipped when fetched again",
+                    *part,
+                    len(done),
+                    start,
+                )
         self._positions.update(positions)
         self._report_gaps(gaps)
         return starts
@@ -535,49 +751,143 @@ class ConsumerLoop:
             self._on_offset_gaps(gaps)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Nothing is in flight here (see module docstring): all handled work is committed.
+        """Let partitions go: drop their queued work, wait for their batch in flight (so that
+        none of this member's writes lands after its successor's), commit what they finished."""
         revoked = [(p.topic, p.partition) for p in partitions]
-        self._revoked.update(revoked)
+        in_flight = self.scheduler.revoke(revoked)
+        wait = self._config.scheduler.revoke_wait_s
+        if in_flight and not self.scheduler.wait_idle(in_flight, wait):
+            log.error(
+                "revoking %s: its batch in flight did not finish within %.0f s; the partitions "
+                "go to their next owner anyway (its writes may race this one's: the version "
+                "rule keeps the newer row, reconcile repairs the rest)",
+                revoked,
+                wait,
+            )
+        self._commit(force=True, only=set(revoked))
         self._assigned.difference_update(revoked)
         for tp in revoked:
+            self.readahead.revoke(tp)
             self._committed.pop(tp, None)
             self._high.pop(tp, None)
             self._positions.pop(tp, None)
             self._stopped.pop(tp, None)
+            self._done_before_max.pop(tp, None)
         self._metrics.backlog.forget(revoked)
         self._metrics.assigned_partitions.set(len(self._assigned))
-        log.info("revoked %s", [(p.topic, p.partition) for p in partitions])
+        log.info("revoked %s", revoked)
 
     # --- the loop ---------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Consume until `stop` is set, then close cleanly (committed work stays committed)."""
+        """Consume until `stop` is set, then finish the batch in flight, commit and close.
+        Raises (after closing) when the apply thread failed: the worker must not live on
+        without its processing loop."""
         if self._consumer is None:
             self.start()
+        applier = threading.Thread(
+            target=self._apply_forever, args=(stop,), name="ingest-apply", daemon=True
+        )
+        applier.start()
         try:
             while not stop.is_set():
-                self.run_once()
+                self._intake_once()
         finally:
-            self.close()
+            stop.set()
+            self.scheduler.close()
+            applier.join()
+            try:
+                self._commit(force=True)
+            finally:
+                self.close()
+        if self._failure is not None:
+            raise RagstreamError(
+                f"the ingest apply loop stopped: {type(self._failure).__name__}: {self._failure}"
+            ) from self._failure
 
     def run_once(self) -> int:
-        """One poll-handle-commit cycle; returns the number of records handled."""
+        """One intake and one apply cycle in the calling thread (tests and tools), then a
+        commit; returns the number of records applied."""
+        self._intake_once()
+        wait = self._config.catch_up_wait_ms / 1000
+        if wait and self._behind_ready():
+            deadline = time.monotonic() + wait
+            while (
+                self.scheduler.ready_units() < self._config.scheduler.max_batch_units
+                and time.monotonic() < deadline
+            ):
+                self._intake_once()
+            self._metrics.catch_up_batches.inc()
+        handled = 0
+        if self._paused_until is None or time.monotonic() >= self._paused_until:
+            handled = self._apply_once(0)
+        self._commit(force=True)
+        return handled
+
+    def _apply_forever(self, stop: threading.Event) -> None:
+        """The apply thread: batches until stopped; a failure that is not an outage stops the
+        worker (`run` raises it)."""
+        try:
+            while not stop.is_set():
+                self._metrics.loop_heartbeat.labels("apply").set(time.time())
+                until = self._paused_until
+                if until is not None and (left := until - time.monotonic()) > 0:
+                    stop.wait(left)
+                    continue
+                self._catch_up(stop)
+                self._apply_once(0.2)
+        except BaseException as exc:
+            self._failure = exc
+            log.critical(
+                "the ingest apply loop failed (%s: %s): stopping the worker",
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+            stop.set()
+
+    def _catch_up(self, stop: threading.Event) -> None:
+        """While behind, wait up to `catch_up_wait_ms` for a fuller batch (a remote embedder
+        whose call costs far more than its texts); a unit that is not behind is never held."""
+        wait = self._config.catch_up_wait_ms / 1000
+        if not wait or not self._behind_ready():
+            return
+        deadline = time.monotonic() + wait
+        while (
+            self.scheduler.ready_units() < self._config.scheduler.max_batch_units
+            and (left := deadline - time.monotonic()) > 0
+            and not stop.wait(min(left, 0.02))
+        ):
+            pass
+        self._metrics.catch_up_batches.inc()
+
+    def _behind_ready(self) -> bool:
+        oldest = self.scheduler.oldest_ready_ms()
+        return oldest is not None and time.time() * 1000 - oldest > self._config.behind_ms
+
+    def _intake_once(self) -> None:
+        """One intake cycle: pause or resume, rescans, poll, route and keep, restart stopped
+        partitions, commit when due."""
         consumer = self._require_consumer()
-        if self._paused_until is not None and time.monotonic() >= self._paused_until:
-            self._resume_all()
+        self._metrics.loop_heartbeat.labels("intake").set(time.time())
+        self._pause_or_resume(consumer)
         if time.monotonic() >= self._lag_due:
             self.refresh_lag()
+        for tp, offset in self.readahead.due_rescans():
+            if tp in self._assigned and tp not in self._stopped:
+                consumer.seek(TopicPartition(tp[0], tp[1], offset))
+                self._metrics.rescans.inc()
+                log.info("%s[%d]: fetching again from %d (records dropped for room)", *tp, offset)
         msgs = self._fetch(consumer)
-        records: list[RawRecord] = []
         for msg in msgs:
             err = msg.error()
             if err is None:
-                records.append(to_raw(msg))
+                self._take(to_raw(msg))
             elif err.code() == KafkaError._PARTITION_EOF:
                 continue
             elif err.code() == KafkaError._AUTO_OFFSET_RESET:
                 # the partition's fetch stopped: its offset is out of range (retention
-                # overtook the worker) or it has none; restarted after the batch
+                # overtook the worker) or it has none; restarted below
                 topic, partition = msg.topic(), msg.partition()
                 if topic is None or partition is None:
                     raise RagstreamError(f"an offset reset without a partition: {err}")
@@ -587,32 +897,216 @@ class ConsumerLoop:
                 raise RagstreamError(f"fatal Kafka consumer error: {err}")
             else:
                 log.warning("consumer error (retried by librdkafka): %s", err)
-        handled = 0
-        if records:
-            with self._tracing.span("ingest.batch", self._batch_attributes(records)) as span:
-                handled = self._apply(records)
-                if span is not None:
-                    span.set_attribute("ragstream.outcome", "committed" if handled else "retried")
         if self._stopped:
             self._restart_stopped(consumer)
-        return handled
+        self._pause_or_resume(consumer)  # at once: what librdkafka prefetches would be dropped
+        self._commit()
+
+    def _fetch(self, consumer: Consumer) -> list[Message]:
+        """What is fetched: waits for the first record (briefly while work is pending, so that
+        commits follow the apply thread closely), then takes what is already there."""
+        busy = self.scheduler.pending() > 0 or self._paused
+        first = consumer.poll(0.05 if busy else self._config.poll_timeout_s)
+        if first is None:
+            return []
+        limit = self._config.max_batch_records
+        return [first, *consumer.consume(limit - 1, 0)] if limit > 1 else [first]
+
+    def _take(self, rec: RawRecord) -> None:
+        """One fetched record: skipped when already handled, else routed, kept within the
+        read-ahead budget (or dropped for a rescan), planned and queued."""
+        tp = (rec.topic, rec.partition)
+        seen = self.readahead.classify(tp, rec.offset)
+        if seen is None or seen is Seen.DUPLICATE:
+            return
+        if seen is Seen.DONE_BEFORE:
+            self._metrics.restart_records.labels("skipped").inc()
+            return
+        if self.readahead.known_drop(tp, rec.offset):
+            self._metrics.read_ahead_dropped.inc()
+            return
+        if rec.offset <= self._done_before_max.get(tp, -1):
+            self._metrics.restart_records.labels("redone").inc()
+        routed = self._handler.route(rec)
+        if routed is None:
+            self.readahead.skip(tp, rec.offset)
+            return
+        nbytes = len(rec.key or b"") + len(rec.value or b"")
+        route = routed.route
+        if not self.readahead.decide(tp, rec.offset, route, nbytes, rec.timestamp_ms):
+            self._metrics.read_ahead_dropped.inc()
+            return
+        payload = routed.plan()
+        if payload is None:
+            self.readahead.finish(tp, [rec.offset])
+            return
+        unit = Unit(
+            tp,
+            [rec.offset],
+            route.key,
+            route.tenant,
+            route.lane,
+            payload,
+            nbytes,
+            route.barrier,
+            rec.timestamp_ms,
+        )
+        self.scheduler.add(unit)
+
+    def _apply_once(self, wait_s: float) -> int:
+        """Take one batch, apply it, deliver its dead letters and finish its offsets; 0 when
+        nothing was ready or the batch went back for a retry."""
+        batch = self.scheduler.take(wait_s)
+        if not batch:
+            return 0
+        records = sum(unit.records for unit in batch)
+        self._metrics.batch_size.observe(records)
+        with self._tracing.span("ingest.batch", self._batch_attributes(batch)) as span:
+            try:
+                letters = self._handler.apply([unit.payload for unit in batch])
+                self._dead_letter(letters)
+            except RETRYABLE as exc:
+                self.scheduler.requeue(batch)
+                self._back_off(exc)
+                if span is not None:
+                    span.set_attribute("ragstream.outcome", "retried")
+                return 0
+            if span is not None:
+                span.set_attribute("ragstream.outcome", "applied")
+        for unit in batch:
+            self.readahead.finish(unit.partition, unit.offsets)
+        self.scheduler.complete(batch)
+        self._backoff = self._config.backoff_initial_s
+        return records
+
+    def _batch_attributes(self, batch: Sequence[Unit[Any]]) -> dict[str, str | int]:
+        """The batch span's attributes (OpenTelemetry messaging conventions)."""
+        if not self._tracing.enabled:
+            return {}
+        return {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "process",
+            "messaging.consumer.group.name": self._config.group_id,
+            "messaging.batch.message_count": sum(u.records for u in batch),
+            "ragstream.partitions": len({u.partition for u in batch}),
+            "ragstream.tenants": len({u.tenant for u in batch}),
+        }
+
+    # --- pausing ----------------------------------------------------------------------------
+
+    def _pause_or_resume(self, consumer: Consumer) -> None:
+        """Fetching pauses while the read-ahead budget is full (records fetched then would only
+        be dropped) and resumes below 90% of it. A backoff does not pause it: the worker reads
+        ahead during an outage (within the budget), so its backlog metrics see every waiting
+        change and the work starts at once when the dependency is back."""
+        now = time.monotonic()
+        if self._paused_until is not None and now >= self._paused_until:
+            self._paused_until = None
+        if self._budget_paused:
+            self._budget_paused = self.scheduler.full(0.9)
+        else:
+            self._budget_paused = self.scheduler.full()
+        want = self._budget_paused
+        if want == self._paused:
+            return
+        assignment = consumer.assignment()
+        if want:
+            consumer.pause(assignment)
+            self._metrics.paused_partitions.set(len(assignment))
+            log.info("paused %d partitions (read-ahead budget full)", len(assignment))
+        else:
+            consumer.resume(assignment)
+            self._metrics.paused_partitions.set(0)
+            log.info("resumed %d partitions", len(assignment))
+        self._paused = want
+
+    def _back_off(self, exc: RagstreamError) -> None:
+        """A dependency is overloaded or unreachable: pause for a backoff (its retry-after
+        hint at least), doubling up to `backoff_max_s`."""
+        dependency = dependency_of(exc)
+        self._metrics.backpressure.labels(dependency).inc()
+        retry_after = getattr(exc, "retry_after", None)
+        delay = max(retry_after or 0.0, self._backoff * (0.5 + random.random() / 2))
+        self._backoff = min(self._backoff * 2, self._config.backoff_max_s)
+        self._paused_until = time.monotonic() + delay
+        log.warning(
+            "%s unavailable (%s): applying paused for %.2fs, the batch will be retried",
+            dependency,
+            exc,
+            delay,
+        )
+
+    # --- offsets ----------------------------------------------------------------------------
+
+    def _commit(self, *, force: bool = False, only: set[Part] | None = None) -> None:
+        """Commit every partition's commit point that moved (at most every
+        `scheduler.commit_interval_ms` unless forced)."""
+        now = time.monotonic()
+        if not force and now < self._commit_due:
+            return
+        self._commit_due = now + self._config.scheduler.commit_interval_ms / 1000
+        consumer = self._consumer
+        if consumer is None:
+            return
+        points = {
+            tp: point
+            for tp, point in self.readahead.commit_points().items()
+            if (only is None or tp in only) and tp not in self._stopped
+        }
+        if not points:
+            return
+        offsets = [
+            TopicPartition(t, p, point.offset, metadata=point.metadata)
+            for (t, p), point in points.items()
+        ]
+        started = time.perf_counter()
+        try:
+            consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            # retried at the next cycle; a commit lost to a rebalance is safe: the next owner
+            # re-processes idempotently
+            log.warning("offset commit failed (retried): %s", exc)
+            return
+        self._committed_points(points, time.perf_counter() - started)
+
+    def _committed_points(self, points: dict[Part, CommitPoint], seconds: float) -> None:
+        self.readahead.committed(points)
+        self._metrics.stage_seconds.labels("commit").observe(seconds)
+        self._metrics.last_commit_timestamp.set(time.time())
+        for tp, point in points.items():
+            topic, partition = tp
+            self._metrics.committed_offset.labels(topic, str(partition)).set(point.offset)
+            if point.dropped:
+                self._metrics.metadata_cut.inc(point.dropped)
+            self._committed[tp] = point.offset
+            high = self._high.get(tp)
+            self._metrics.backlog.applied(tp, None if high is None else high - point.offset)
+
+    def _oldest_pending(self) -> dict[Part, int]:
+        """The broker timestamp of the oldest record not finished, per partition."""
+        return self.scheduler.oldest_by_partition(self.readahead.dropped_oldest())
 
     def _restart_stopped(self, consumer: Consumer) -> None:
-        """Restart the partitions whose fetch stopped on an offset reset (after the batch, so
-        their position counts what it handled). One without a committed offset (the
-        watermark check at assignment did not answer) starts at its first offset; one whose
-        position fell out of the log is a gap like those found at assignment (logged with the
-        lost offsets, counted, handed to `on_offset_gaps`) and restarts at the low watermark.
-        librdkafka cannot seek a stopped partition, so it is assigned again. A broker that does
-        not answer the watermark query leaves it stopped until the next cycle."""
+        """Restart the partitions whose fetch stopped on an offset reset. One without a
+        committed offset (the watermark check at assignment did not answer) starts at its first
+        offset; one whose position fell out of the log is a gap like those found at assignment
+        (logged with the lost offsets, counted, handed to `on_offset_gaps`) and restarts at the
+        low watermark. librdkafka cannot seek a stopped partition, so it is assigned again. A
+        broker that does not answer the watermark query leaves it stopped until the next
+        cycle."""
         for tp in [tp for tp in self._stopped if tp not in self._assigned]:
             del self._stopped[tp]  # revoked meanwhile: its new owner starts it
         timeout = self._config.lag_query_timeout_s
-        starts: dict[tuple[str, int], int] = {}
+        starts: dict[Part, int] = {}
         gaps: list[OffsetGap] = []
         for (topic, partition), fetch_at in sorted(self._stopped.items()):
-            known = self._positions.get((topic, partition), OFFSET_INVALID)
-            position = known if known >= 0 else fetch_at
+            # where the fetch stood when it stopped (a rescan may have moved it back), else
+            # where the loop knows it to be
+            position = (
+                fetch_at
+                if fetch_at is not None and fetch_at >= 0
+                else self._position((topic, partition))
+            )
             if position is None or position < 0:
                 log.info(
                     "%s[%d] has no committed offset (the group never read it): starting at "
@@ -655,6 +1149,7 @@ class ConsumerLoop:
             else:
                 gaps.append(gap)
                 starts[(topic, partition)] = gap.low
+                self.readahead.skip_to((topic, partition), gap.low)
         if not starts:
             return
         self._reassign(consumer, starts)
@@ -662,10 +1157,16 @@ class ConsumerLoop:
             self._stopped.pop(tp, None)
         self._report_gaps(gaps)
 
-    def _reassign(self, consumer: Consumer, starts: dict[tuple[str, int], int]) -> None:
+    def _position(self, tp: Part) -> int:
+        """Where the partition's fetch stands: one past the last offset seen, else the start
+        it was assigned at (possibly logical)."""
+        seen = self.readahead.position(tp)
+        return seen if seen is not None else self._positions.get(tp, OFFSET_INVALID)
+
+    def _reassign(self, consumer: Consumer, starts: dict[Part, int]) -> None:
         """Assign stopped partitions again at `starts` (cooperative: those alone; eager: the
-        whole assignment, every other partition at its recorded position, except those still
-        stopped), keeping the loop's pause (backoff) in force."""
+        whole assignment, every other partition where its fetch stands, except those still
+        stopped), keeping the loop's pause in force."""
         self._positions.update(starts)
         if self._cooperative:
             consumer.incremental_unassign([TopicPartition(t, p) for t, p in starts])
@@ -673,70 +1174,51 @@ class ConsumerLoop:
             consumer.incremental_assign(restarted)
         else:
             restarted = [
-                TopicPartition(t, p, self._positions.get((t, p), OFFSET_INVALID))
+                TopicPartition(t, p, starts[(t, p)] if (t, p) in starts else self._position((t, p)))
                 for t, p in sorted(self._assigned)
                 if (t, p) in starts or (t, p) not in self._stopped
             ]
             consumer.assign(restarted)
-        if self._paused_until is not None:
+        if self._paused:
             consumer.pause([TopicPartition(tp.topic, tp.partition) for tp in restarted])
         log.info("restarted %s", sorted(starts.items()))
 
-    def _fetch(self, consumer: Consumer) -> list[Message]:
-        """The next batch's messages. Waits for the first record only, then takes what is
-        already fetched: a lone event is handled at once (freshness), while under load the
-        local queue fills batches. While behind, keeps fetching up to `catch_up_wait_ms`.
-        A rebalance meanwhile is settled by `after_rebalance`."""
-        self._revoked.clear()
-        limit = self._config.max_batch_records
-        first = consumer.poll(self._config.poll_timeout_s)
-        if first is None:
-            return []
-        msgs = [first]
-        if limit > 1:
-            msgs += consumer.consume(limit - 1, 0)
-        if self._config.catch_up_wait_ms and len(msgs) < limit and self._behind(msgs):
-            deadline = time.monotonic() + self._config.catch_up_wait_ms / 1000
-            while len(msgs) < limit and (left := deadline - time.monotonic()) > 0:
-                msgs += consumer.consume(limit - len(msgs), left)
-            self._metrics.catch_up_batches.inc()
-        return after_rebalance(msgs, self._revoked, self._assigned) if self._revoked else msgs
+    def refresh_lag(self) -> None:
+        """Export the lag of every assigned partition: its high watermark (asked of the broker)
+        minus the group's committed offset (ours, or the broker's for a partition this worker
+        has not committed yet; the low watermark when the group never committed there).
 
-    def _behind(self, msgs: Sequence[Message]) -> bool:
-        """Whether the oldest record fetched is older than `behind_ms` (broker timestamps)."""
-        stamps = [ts for m in msgs if m.error() is None and (ts := m.timestamp())[0] != 0]
-        if not stamps:
-            return False
-        oldest = min(ms for _, ms in stamps)
-        return time.time() * 1000 - oldest > self._config.behind_ms
-
-    def _batch_attributes(self, records: Sequence[RawRecord]) -> dict[str, str | int]:
-        """The batch span's attributes (OpenTelemetry messaging conventions)."""
-        if not self._tracing.enabled:
-            return {}
-        return {
-            "messaging.system": "kafka",
-            "messaging.operation.type": "process",
-            "messaging.consumer.group.name": self._config.group_id,
-            "messaging.batch.message_count": len(records),
-            "ragstream.partitions": len({(r.topic, r.partition) for r in records}),
-        }
-
-    def _apply(self, records: Sequence[RawRecord]) -> int:
-        """Handle, dead-letter and commit one batch; 0 when it was rewound for a retry."""
-        self._metrics.batch_size.observe(len(records))
-        for rec in records:
-            if rec.timestamp_ms is not None:
-                self._metrics.backlog.holding((rec.topic, rec.partition), rec.timestamp_ms)
+        A broker that does not answer within `lag_query_timeout_s` leaves the previous values
+        (logged); the next refresh retries. The tansu dev broker reports the base offset of the
+        last record batch + 1 as its high watermark, so there the lag reads low for a partition
+        whose last batch held several records (clamped at 0); real Kafka reports the log end."""
+        consumer = self._require_consumer()
+        self._lag_due = time.monotonic() + self._config.lag_refresh_s
+        timeout = self._config.lag_query_timeout_s
+        assigned = sorted(self._assigned)
         try:
-            letters = self._handler.handle(records)
-            self._dead_letter(letters)
-        except RETRYABLE as exc:
-            self._back_off(records, exc)
-            return 0
-        self._commit(records)
-        self._backoff = self._config.backoff_initial_s
-        return len(records)
+            unknown = [TopicPartition(t, p) for t, p in assigned if (t, p) not in self._committed]
+            if unknown:
+                for tp in consumer.committed(unknown, timeout=timeout):
+                    if tp.offset >= 0:
+                        self._committed[(tp.topic, tp.partition)] = tp.offset
+            lags: dict[Part, int] = {}
+            for topic, partition in assigned:
+                marks = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=timeout, cached=False
+                )
+                if marks is None:  # the client's way of saying the query timed out
+                    log.warning("consumer lag not refreshed: no watermarks within %ss", timeout)
+                    return
+                low, high = marks
+                self._high[(topic, partition)] = high
+                lags[(topic, partition)] = high - self._committed.get((topic, partition), low)
+        except KafkaException as exc:
+            log.warning("consumer lag not refreshed (broker did not answer): %s", exc)
+            return
+        self._metrics.backlog.set_lag(lags)
+
+    # --- dead letters -----------------------------------------------------------------------
 
     def _dead_letter(self, letters: Sequence[DeadLetter]) -> None:
         if not letters:
@@ -773,105 +1255,11 @@ class ConsumerLoop:
         remaining = producer.flush(30)
         self._metrics.stage_seconds.labels("dlq").observe(time.perf_counter() - started)
         if remaining or failures:
-            # Not delivered: the batch is retried rather than committed past a lost record.
+            # Not delivered: the batch is retried rather than finished past a lost record.
             raise DeadLetterUnavailableError(
                 f"DLQ delivery to {self._config.dlq_topic} failed ({remaining} undelivered): "
                 f"{failures[:3]}"
             )
-
-    def _commit(self, records: Sequence[RawRecord]) -> None:
-        consumer = self._require_consumer()
-        next_offsets: dict[tuple[str, int], int] = {}
-        for rec in records:
-            key = (rec.topic, rec.partition)
-            next_offsets[key] = max(next_offsets.get(key, -1), rec.offset + 1)
-        offsets = [TopicPartition(t, p, o) for (t, p), o in next_offsets.items()]
-        self._positions.update(next_offsets)
-        started = time.perf_counter()
-        try:
-            consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            # A commit lost to a rebalance is safe: the new owner re-processes idempotently.
-            log.warning("offset commit failed (records will be re-delivered): %s", exc)
-            return
-        self._metrics.stage_seconds.labels("commit").observe(time.perf_counter() - started)
-        self._metrics.last_commit_timestamp.set(time.time())
-        for (topic, partition), offset in next_offsets.items():
-            self._metrics.committed_offset.labels(topic, str(partition)).set(offset)
-            tp = (topic, partition)
-            self._committed[tp] = offset
-            high = self._high.get(tp)
-            self._metrics.backlog.applied(tp, None if high is None else high - offset)
-
-    def refresh_lag(self) -> None:
-        """Export the lag of every assigned partition: its high watermark (asked of the broker)
-        minus the group's committed offset (ours, or the broker's for a partition this worker
-        has not committed yet; the low watermark when the group never committed there).
-
-        A broker that does not answer within `lag_query_timeout_s` leaves the previous values
-        (logged); the next refresh retries. The tansu dev broker reports the base offset of the
-        last record batch + 1 as its high watermark, so there the lag reads low for a partition
-        whose last batch held several records (clamped at 0); real Kafka reports the log end."""
-        consumer = self._require_consumer()
-        self._lag_due = time.monotonic() + self._config.lag_refresh_s
-        timeout = self._config.lag_query_timeout_s
-        assigned = sorted(self._assigned)
-        try:
-            unknown = [TopicPartition(t, p) for t, p in assigned if (t, p) not in self._committed]
-            if unknown:
-                for tp in consumer.committed(unknown, timeout=timeout):
-                    if tp.offset >= 0:
-                        self._committed[(tp.topic, tp.partition)] = tp.offset
-            lags: dict[tuple[str, int], int] = {}
-            for topic, partition in assigned:
-                marks = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=timeout, cached=False
-                )
-                if marks is None:  # the client's way of saying the query timed out
-                    log.warning("consumer lag not refreshed: no watermarks within %ss", timeout)
-                    return
-                low, high = marks
-                self._high[(topic, partition)] = high
-                lags[(topic, partition)] = high - self._committed.get((topic, partition), low)
-        except KafkaException as exc:
-            log.warning("consumer lag not refreshed (broker did not answer): %s", exc)
-            return
-        self._metrics.backlog.set_lag(lags)
-
-    def _back_off(self, records: Sequence[RawRecord], exc: RagstreamError) -> None:
-        consumer = self._require_consumer()
-        dependency = dependency_of(exc)
-        self._metrics.backpressure.labels(dependency).inc()
-        first: dict[tuple[str, int], int] = {}
-        for rec in records:
-            key = (rec.topic, rec.partition)
-            first[key] = min(first.get(key, rec.offset), rec.offset)
-        self._positions.update(first)
-        for (topic, partition), offset in first.items():
-            if (topic, partition) not in self._stopped:  # a stopped fetch cannot seek
-                consumer.seek(TopicPartition(topic, partition, offset))
-        assignment = consumer.assignment()
-        consumer.pause(assignment)
-        self._metrics.paused_partitions.set(len(assignment))
-        retry_after = getattr(exc, "retry_after", None)
-        delay = max(retry_after or 0.0, self._backoff * (0.5 + random.random() / 2))
-        self._backoff = min(self._backoff * 2, self._config.backoff_max_s)
-        self._paused_until = time.monotonic() + delay
-        log.warning(
-            "%s unavailable (%s): paused %d partitions for %.2fs, batch will be retried",
-            dependency,
-            exc,
-            len(assignment),
-            delay,
-        )
-
-    def _resume_all(self) -> None:
-        consumer = self._require_consumer()
-        assignment = consumer.assignment()
-        consumer.resume(assignment)
-        self._paused_until = None
-        self._metrics.paused_partitions.set(0)
-        log.info("resumed %d partitions", len(assignment))
 
     def close(self) -> None:
         """Flush the DLQ producer and leave the group."""

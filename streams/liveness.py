@@ -25,15 +25,18 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ragcore.sor.base import SlotSource
 from schemas.events import RawRecord
-from streams.consumer import BatchHandler, DeadLetter
+from streams.consumer import DeadLetter, RecordHandler, Routed
 from streams.metrics import IngestMetrics
 
 log = logging.getLogger(__name__)
+
+P = TypeVar("P")
 
 
 class LivenessSettings(BaseModel):
@@ -167,17 +170,29 @@ class SourceLiveness:
             self.check()
 
 
-class ObservedHandler:
-    """A `BatchHandler` that tells `SourceLiveness` about every polled record first."""
+class ObservedHandler(Generic[P]):
+    """A `RecordHandler` that tells `SourceLiveness` about every fetched record first."""
 
-    def __init__(self, inner: BatchHandler, liveness: SourceLiveness) -> None:
+    def __init__(self, inner: RecordHandler[P], liveness: SourceLiveness) -> None:
         self._inner = inner
         self._liveness = liveness
 
-    def handle(self, records: Sequence[RawRecord]) -> Sequence[DeadLetter]:
-        """Observe, then handle."""
-        self._liveness.observe(records)
-        return self._inner.handle(records)
+    def route(self, record: RawRecord) -> Routed[P] | None:
+        """Observe, then route."""
+        self._liveness.observe((record,))
+        return self._inner.route(record)
+
+    def merge(self, earlier: P, later: P) -> P | None:
+        """The inner handler's merge."""
+        return self._inner.merge(earlier, later)
+
+    def heavy(self, payload: P) -> bool:
+        """The inner handler's weighing."""
+        return self._inner.heavy(payload)
+
+    def apply(self, payloads: Sequence[P]) -> Sequence[DeadLetter]:
+        """The inner handler's apply."""
+        return self._inner.apply(payloads)
 
 
 class SlotWatch:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -48,13 +49,18 @@ DLQ_CODES = (
     "RECORD_UNPROCESSABLE",
     *REASONS,  # documents that yield no text (ragcore.documents)
 )
+#: The lanes of the ingest scheduler (`streams.scheduler.Lane` labels), exported from the start.
+LANES = ("live", "bulk", "reindex")
 _FRESHNESS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120, 300, 900, 3600)
 
 
 class IngestMetrics:
-    """Every metric the worker exports (README: Metrics)."""
+    """Every metric the worker exports (README: Metrics). `tenant_classes`: the classes the
+    scheduler knows (their series are exported from the start, at 0)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, tenant_classes: Iterable[str] = ("default",)
+    ) -> None:
         self.registry = registry
         self.events = Counter(
             "ragstream_ingest_events_total",
@@ -132,7 +138,9 @@ class IngestMetrics:
         )
         self.freshness = Histogram(
             "ragstream_ingest_freshness_seconds",
-            "SoR commit time (source.ts_ms) to searchable (store write acknowledged).",
+            "SoR commit time (source.ts_ms) to searchable (store write acknowledged), by "
+            "tenant class and lane (live, bulk, reindex).",
+            ["tenant_class", "lane"],
             buckets=_FRESHNESS_BUCKETS,
             registry=registry,
         )
@@ -201,12 +209,50 @@ class IngestMetrics:
             ["topic", "partition"],
             registry=registry,
         )
+        self.loop_heartbeat = Gauge(
+            "ragstream_ingest_loop_heartbeat_timestamp_seconds",
+            "Unix time the worker's intake (poll, route, commit) or apply (embed, write) thread "
+            "last went round its loop: an old one is a worker that lost its processing loop.",
+            ["thread"],
+            registry=registry,
+        )
         self.assigned_partitions = Gauge(
             "ragstream_ingest_assigned_partitions",
             "Partitions assigned to this worker.",
             registry=registry,
         )
+        for tenant_class in {"default", *tenant_classes}:
+            for lane in LANES:
+                self.freshness.labels(tenant_class, lane)
         self.backlog = PartitionBacklog(registry)
+        self.read_ahead = ReadAheadCollector(registry)
+        self.read_ahead_dropped = Counter(
+            "ragstream_ingest_read_ahead_dropped_total",
+            "Fetched records not kept because their tenant held its share of the read-ahead "
+            "budget (or the budget was full): fetched again by a rescan.",
+            registry=registry,
+        )
+        self.rescans = Counter(
+            "ragstream_ingest_rescans_total",
+            "Partitions fetched again from their lowest dropped record.",
+            registry=registry,
+        )
+        self.restart_records = Counter(
+            "ragstream_ingest_restart_records_total",
+            "Records fetched again after a partition was assigned: skipped (the commit "
+            "metadata names them finished by the earlier owner) or redone (below the highest "
+            "offset the metadata names finished: the earlier owner had read past them).",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in ("skipped", "redone"):
+            self.restart_records.labels(outcome)
+        self.metadata_cut = Counter(
+            "ragstream_ingest_commit_metadata_cut_total",
+            "Finished offsets left out of a commit's metadata (over max_metadata_bytes): "
+            "redone after a restart.",
+            registry=registry,
+        )
 
 
 class PartitionBacklog(Collector):
@@ -229,7 +275,13 @@ class PartitionBacklog(Collector):
         self._lock = threading.Lock()
         self._lag: dict[tuple[str, int], int] = {}
         self._oldest_ms: dict[tuple[str, int], int] = {}
+        self._source: Callable[[], Mapping[tuple[str, int], int]] | None = None
         registry.register(self)
+
+    def source(self, oldest: Callable[[], Mapping[tuple[str, int], int]]) -> None:
+        """Read the oldest pending record's timestamp per partition from `oldest` at scrape
+        time (the consumer's scheduler) instead of `holding`/`applied`."""
+        self._source = oldest
 
     def set_lag(self, lags: Mapping[tuple[str, int], int]) -> None:
         """Replace the lag of every assigned partition (partitions not named are dropped)."""
@@ -267,11 +319,13 @@ class PartitionBacklog(Collector):
         """Lag and backlog age of every assigned partition, now."""
         now_ms = self._clock() * 1000
         lag_family, age_family = self._families()
+        pending = dict(self._source()) if self._source is not None else None
         with self._lock:
             for (topic, partition), lag in sorted(self._lag.items()):
                 labels = [topic, str(partition)]
                 lag_family.add_metric(labels, lag)
-                oldest = self._oldest_ms.get((topic, partition))
+                held = self._oldest_ms if pending is None else pending
+                oldest = held.get((topic, partition))
                 age = max(0.0, (now_ms - oldest) / 1000) if oldest is not None else 0.0
                 age_family.add_metric(labels, age)
         yield lag_family
@@ -292,3 +346,102 @@ class PartitionBacklog(Collector):
             labels=["topic", "partition"],
         )
         return lag, age
+
+
+class ReadAheadCollector(Collector):
+    """What the worker holds read ahead and what waits, at scrape time, from its scheduler and
+    read-ahead state (`observe`):
+
+    - `ragstream_ingest_read_ahead_records` / `_bytes`: held now (fetched, not finished), and
+      `ragstream_ingest_read_ahead_budget_records` / `_bytes`: the budget;
+    - `ragstream_ingest_backlog_records{tenant_class, lane}`: records waiting (kept, or dropped
+      for a rescan), and `ragstream_ingest_backlog_oldest_age_seconds{tenant_class, lane}`: the
+      age of the oldest of them (0 when none waits).
+
+    Every known class and lane is exported, at 0 when nothing waits (a quiet stack shows values)."""
+
+    def __init__(self, registry: CollectorRegistry, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._scheduler: Any = None
+        self._readahead: Any = None
+        registry.register(self)
+
+    def observe(self, scheduler: Any, readahead: Any) -> None:
+        """Export `scheduler` (a `streams.scheduler.Scheduler`) and `readahead` (a
+        `streams.readahead.ReadAhead`); typed loosely: the scheduler imports nothing of this
+        module, and this module nothing of it."""
+        self._scheduler = scheduler
+        self._readahead = readahead
+
+    def describe(self) -> Iterator[Metric]:
+        """The families, without samples (for registration)."""
+        yield from self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        """Current values."""
+        families = self._families()
+        held, held_bytes, budget, budget_bytes, backlog, age = families
+        scheduler, readahead = self._scheduler, self._readahead
+        if scheduler is None:
+            yield from families
+            return
+        config = scheduler.config
+        held.add_metric([], scheduler.records)
+        held_bytes.add_metric([], scheduler.bytes)
+        budget.add_metric([], config.max_records)
+        budget_bytes.add_metric([], config.max_bytes)
+        rows: dict[tuple[str, str], list[float]] = {
+            (cls, lane): [0, -1.0]
+            for cls in {"default", *config.classes.values()}
+            for lane in LANES
+        }
+        for (cls, lane), waiting in scheduler.backlog().items():
+            row = rows.setdefault((cls, lane.label), [0, -1.0])
+            row[0] += waiting.records
+            if waiting.oldest_ms is not None and (row[1] < 0 or waiting.oldest_ms < row[1]):
+                row[1] = waiting.oldest_ms
+        if readahead is not None:
+            for (tenant, lane), (count, oldest) in readahead.dropped_backlog().items():
+                row = rows.setdefault((scheduler.class_of(tenant), lane.label), [0, -1.0])
+                row[0] += count
+                if oldest is not None and (row[1] < 0 or oldest < row[1]):
+                    row[1] = oldest
+        now_ms = self._clock() * 1000
+        for (cls, lane), (records, oldest) in sorted(rows.items()):
+            backlog.add_metric([cls, lane], records)
+            age.add_metric([cls, lane], max(0.0, (now_ms - oldest) / 1000) if oldest >= 0 else 0.0)
+        yield from families
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, ...]:
+        return (
+            GaugeMetricFamily(
+                "ragstream_ingest_read_ahead_records",
+                "Records fetched and held, not finished (the read-ahead in use).",
+            ),
+            GaugeMetricFamily(
+                "ragstream_ingest_read_ahead_bytes",
+                "Bytes (record keys and values) fetched and held, not finished.",
+            ),
+            GaugeMetricFamily(
+                "ragstream_ingest_read_ahead_budget_records",
+                "The read-ahead budget in records "
+                "(RAGSTREAM_CONSUMER__SCHEDULER__READ_AHEAD_RECORDS).",
+            ),
+            GaugeMetricFamily(
+                "ragstream_ingest_read_ahead_budget_bytes",
+                "The read-ahead budget in bytes (RAGSTREAM_CONSUMER__SCHEDULER__READ_AHEAD_BYTES).",
+            ),
+            GaugeMetricFamily(
+                "ragstream_ingest_backlog_records",
+                "Change records waiting to be applied (held, or dropped for a rescan), by tenant "
+                "class and lane (live, bulk, reindex).",
+                labels=["tenant_class", "lane"],
+            ),
+            GaugeMetricFamily(
+                "ragstream_ingest_backlog_oldest_age_seconds",
+                "Age of the oldest change waiting to be applied (its Kafka record timestamp), "
+                "by tenant class and lane; 0 when none waits.",
+                labels=["tenant_class", "lane"],
+            ),
+        )

@@ -23,7 +23,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import psycopg
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+from grpc_health.v1 import health_pb2
 from prometheus_client import CollectorRegistry, start_http_server
 from pydantic import SecretStr
 
@@ -54,6 +55,7 @@ from ragdev.stack import DEV_PLAN, STACK_FILE
 from ragstream.query import QueryError, print_pack, query
 from ragstream.reindex import calibrate_with
 from retrieval_api.app import build_app, warm_calibrations
+from retrieval_api.grpc_server import SERVICE_NAME
 from retrieval_api.retriever import Retriever
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
 from streams.app import build_worker
@@ -424,14 +426,26 @@ def _serve_stack(
     host.start()
     advertise(store_settings.data_dir, host, host_key)
     threads: list[threading.Thread] = []
+    failures: list[BaseException] = []
+
+    def ingest() -> None:
+        try:
+            worker.loop.run(worker.stop)
+        except BaseException as exc:  # noqa: BLE001 - reported by the watchdog in `_serve`
+            failures.append(exc)
+
+    def ingest_lost() -> str | None:
+        """Why the ingest worker's loop is gone (None while it runs)."""
+        if failures:
+            return f"{type(failures[0]).__name__}: {failures[0]}"
+        if threads and not threads[0].is_alive() and not worker.stop.is_set():
+            return "the ingest thread ended"
+        return None
+
     try:
         worker.check()
         worker.loop.start()
-        threads.append(
-            threading.Thread(
-                target=worker.loop.run, args=(worker.stop,), name="ingest", daemon=True
-            )
-        )
+        threads.append(threading.Thread(target=ingest, name="ingest", daemon=True))
         threads.append(
             threading.Thread(target=worker.reconcile_forever, name="reconcile", daemon=True)
         )
@@ -469,7 +483,7 @@ def _serve_stack(
                 indent=2,
             )
         )
-        asyncio.run(_serve(app, tokens, ports, started, data_dir))
+        lost = asyncio.run(_serve(app, tokens, ports, started, data_dir, ingest_lost=ingest_lost))
     finally:
         worker.stop.set()
         for thread in threads:
@@ -481,6 +495,9 @@ def _serve_stack(
         embedder.close()
         store.close()
         (data_dir / ENV_FILE).unlink(missing_ok=True)
+    if lost is not None:
+        print(f"stopped: the ingest worker lost its processing loop ({lost})", flush=True)
+        return 1
     print("stopped cleanly", flush=True)
     return 0
 
@@ -527,13 +544,23 @@ def _wait_indexed(registry: CollectorRegistry, total: int) -> None:
 
 
 async def _serve(
-    app: Any, tokens: dict[str, str], ports: DevPorts, started: float, data_dir: Path
-) -> None:
+    app: Any,
+    tokens: dict[str, str],
+    ports: DevPorts,
+    started: float,
+    data_dir: Path,
+    *,
+    ingest_lost: Callable[[], str | None],
+) -> str | None:
+    """Serve until Ctrl-C, or until the ingest worker loses its processing loop: then the
+    health service says NOT_SERVING at once, the stack says why and stops (returned: why)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await app.server.start()
+    lost: list[str] = []
+    watchdog = asyncio.create_task(_watch_ingest(app, ingest_lost, stop, lost))
     warming = warm_calibrations(app)
     print(
         f"\nragstream is up ({time.monotonic() - started:.1f}s):\n"
@@ -571,5 +598,27 @@ async def _serve(
         await stop.wait()
         print("\nshutting down...", flush=True)
     finally:
+        watchdog.cancel()
         warming.set()
         await app.server.stop()
+    return lost[0] if lost else None
+
+
+async def _watch_ingest(
+    app: Any, ingest_lost: Callable[[], str | None], stop: asyncio.Event, lost: list[str]
+) -> None:
+    """Every half second: has the ingest worker lost its loop? Then NOT_SERVING, say so, stop."""
+    while not stop.is_set():
+        await asyncio.sleep(0.5)
+        reason = ingest_lost()
+        if reason is None:
+            continue
+        for name in ("", SERVICE_NAME):
+            await app.server.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        print(
+            f"\nERROR: the ingest worker lost its processing loop ({reason}): nothing is "
+            "indexed any more; health is NOT_SERVING; stopping the dev stack (exit 1)",
+            flush=True,
+        )
+        lost.append(reason)
+        stop.set()

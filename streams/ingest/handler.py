@@ -20,10 +20,10 @@ from ragcore.store.base import VectorStore
 from ragcore.store.ids import TenantId
 from schemas.entities import Entity
 from schemas.events import RawRecord, RecordPosition
-from streams.consumer import RETRYABLE, DeadLetter
+from streams.consumer import RETRYABLE, DeadLetter, Routed
 from streams.ingest.context import Stages
 from streams.ingest.decide import Decision, decide
-from streams.ingest.plan import Locator, fault_reason, plan_records
+from streams.ingest.plan import Locator, Pending, fault_reason, route_record
 from streams.ingest.ports import (
     Decoder,
     EntityPreparer,
@@ -36,6 +36,7 @@ from streams.ingest.resolve import Resolved, resolve
 from streams.ingest.work import Faults, Rejection, RereadOutcome, SorBatch, SorWritten, Work
 from streams.ingest.write import Written, write
 from streams.metrics import IngestMetrics
+from streams.scheduler import Lane
 
 log = logging.getLogger("streams.ingest")
 
@@ -90,6 +91,7 @@ class IngestHandler:
         other_models: Sequence[tuple[Embedder, EntityPreparer]] = (),
         clock: Callable[[], float] = time.time,
         locate: Locator | None = None,
+        tenant_class: Callable[[str], str] = lambda _tenant: "default",
     ) -> None:
         """`embedder`/`preparer` are the primary model; `other_models` are further models
         (embedder and its preparer) that targets may name, e.g. the next model during a
@@ -98,6 +100,7 @@ class IngestHandler:
         self._decode = decode
         self._plan = plan
         self._locate = locate
+        self._tenant_class = tenant_class
         self._reindex_topic = reindex_topic
         self._clock = clock
         self._stages = Stages(
@@ -126,36 +129,94 @@ class IngestHandler:
         """Call `observer` after each batch of records whose writes were acknowledged."""
         self._observers.append(observer)
 
-    # --- BatchHandler -----------------------------------------------------------------------
+    # --- RecordHandler (the consumer loop) --------------------------------------------------
 
-    def handle(self, records: Sequence[RawRecord]) -> Sequence[DeadLetter]:
-        """Apply a batch; return the records that belong in the DLQ."""
-        started = self._clock()
-        planned = plan_records(
-            records,
+    def route(self, record: RawRecord) -> Routed[Pending] | None:
+        """Decode `record` and say where it goes in the scheduler (tenant, lane, key,
+        barrier); its plan waits until the consumer keeps it. None: it needs no work."""
+        routed = route_record(
+            record,
             decode=self._decode,
             plan=self._plan,
             reindex_topic=self._reindex_topic,
-            stages=self._stages,
             locate=self._locate,
+            stages=self._stages,
+            clock=self._clock,
         )
-        letters = list(planned.letters)
+        return None if routed is None else Routed(*routed)
+
+    def merge(self, earlier: Pending, later: Pending) -> Pending | None:
+        """One unit's work for two records of one key (`Pending.merge`)."""
+        return earlier.merge(later)
+
+    def heavy(self, payload: Pending) -> bool:
+        """Whether applying the work reads a document (few go in one batch)."""
+        return payload.heavy
+
+    def apply(self, payloads: Sequence[Pending]) -> Sequence[DeadLetter]:
+        """Apply a batch of units: their entities' work in one segment (one embedding call per
+        model), each TRUNCATE in a segment of its own after it (the scheduler puts no later
+        unit of a truncated partition in the same batch); return the dead letters."""
+        letters = [letter for p in payloads for letter in p.letters]
+        works = [w for p in payloads for w in p.works.values()]
+        segments = [works] if works else []
+        segments += [[p.truncate] for p in payloads if p.truncate is not None]
+        lanes = {id(w): p.lane for p in payloads for w in p.works.values()}
         applied: list[Work] = []
-        for segment in planned.segments:
+        for segment in segments:
             with self._lock:
                 done = self._apply_contained(segment)
             applied += done.applied
             letters += done.faults.letters
         now = self._clock()
-        for item in applied:
-            if item.plan.source_ts_ms is not None:
-                self._stages.metrics.freshness.observe(
-                    max(0.0, now - item.plan.source_ts_ms / 1000)
-                )
+        self._observe_freshness(applied, lanes, now)
         if self._observers:
-            batch = BatchApplied(started, now, len(records), tuple(applied))
+            started = min((p.started for p in payloads), default=now)
+            records = sum(p.records for p in payloads)
+            batch = BatchApplied(started, now, records, tuple(applied))
             for observer in self._observers:
                 observer(batch)
+        return letters
+
+    def _observe_freshness(
+        self, applied: Sequence[Work], lanes: Mapping[int, Lane], now: float
+    ) -> None:
+        """`ragstream_ingest_freshness_seconds` of every applied change, by tenant class and
+        lane."""
+        for item in applied:
+            if item.plan.source_ts_ms is None:
+                continue
+            tenant = item.plan.tenant_id or ""
+            lane = lanes.get(id(item), Lane.LIVE).label
+            self._stages.metrics.freshness.labels(self._tenant_class(tenant), lane).observe(
+                max(0.0, now - item.plan.source_ts_ms / 1000)
+            )
+
+    # --- BatchHandler (tools, tests and replays of raw records) -----------------------------
+
+    def handle(self, records: Sequence[RawRecord]) -> Sequence[DeadLetter]:
+        """Apply a batch of records in offset order, as the consumer loop would without read
+        ahead: each TRUNCATE between what came before and after it; return the dead letters."""
+        letters: list[DeadLetter] = []
+        by_key: dict[object, Pending] = {}
+        for rec in records:
+            routed = self.route(rec)
+            if routed is None:
+                continue
+            pending = routed.plan()
+            if pending is None:
+                continue
+            if pending.truncate is not None:
+                letters += self.apply(list(by_key.values()))
+                letters += self.apply([pending])
+                by_key = {}
+                continue
+            key: object = routed.route.key if routed.route.key is not None else object()
+            earlier = by_key.get(key)
+            merged = earlier.merge(pending) if earlier is not None else pending
+            assert merged is not None  # only a TRUNCATE refuses to merge
+            by_key[key] = merged
+        letters += self.apply(list(by_key.values()))
         return letters
 
     # --- SorWriter --------------------------------------------------------------------------
@@ -240,6 +301,7 @@ class IngestHandler:
             event_date_fields=s.event_date_fields,
             clock=self._clock,
             locate=self._locate,
+            tenant_class=self._tenant_class,
         )
 
     # --- the stages -------------------------------------------------------------------------

@@ -1,28 +1,30 @@
-"""Stage 1, decode and plan: a batch of records becomes the work per entity (the last full state
-of each entity in the batch), in segments a TRUNCATE separates. Records that cannot be decoded
-or mapped, and policy rejections, become dead letters; nothing is written here.
+"""Stage 1, decode and plan: each record becomes its place in the scheduler (`route`: tenant,
+lane, key, barrier) and the work it asks of the index (`Pending`: per entity, the last full
+state; a TRUNCATE alone), or a dead letter. Nothing is written here.
 
 Containment: whatever decoding or planning a record raises is that record's fault (its bytes
 and its row are all these stages read), so it becomes a dead letter naming the table, column,
-entity and tenant as far as they can be read, and the batch goes on. Only an outage of a
-dependency (`RETRYABLE`) or a configuration error stops the batch."""
+entity and tenant as far as they can be read, and the lane goes on. Only an outage of a
+dependency (`RETRYABLE`) or a configuration error stops it."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from ragcore.errors import ConfigError, MappingError, RagstreamError
 from ragcore.plan import Action, Plan, RecordIdentity
 from ragcore.store.ids import TenantId
-from schemas.events import ChangeEvent, RawRecord
+from schemas.events import ChangeEvent, Op, RawRecord, RecordKind
 from streams.consumer import RETRYABLE, DeadLetter
 from streams.ingest.context import Stages
 from streams.ingest.ports import Decoder, Planner
 from streams.ingest.work import Work
+from streams.readahead import Route
+from streams.scheduler import Lane
 
 log = logging.getLogger("streams.ingest")
 
@@ -34,83 +36,133 @@ UNEXPECTED = "RECORD_UNPROCESSABLE"
 #: (`ragcore.plan.record_identity`).
 Locator = Callable[[ChangeEvent], RecordIdentity]
 
-
-@dataclass(frozen=True, slots=True)
-class Planned:
-    """A batch's work per entity, in segments applied one after the other, and its dead letters."""
-
-    segments: tuple[tuple[Work, ...], ...]
-    letters: tuple[DeadLetter, ...]
+#: Record kinds that never change the index: finished as soon as they are read.
+_NO_WORK = frozenset({RecordKind.TOMBSTONE, RecordKind.HEARTBEAT, RecordKind.TRANSACTION})
 
 
-def plan_records(
-    records: Sequence[RawRecord],
+@dataclass(frozen=True)
+class Pending:
+    """What one unit of the scheduler asks of the index: per entity, the work that decides its
+    state (`works`, keyed by (entity id, refetch): the last full state, and a refetch after
+    it), a TRUNCATE (alone: a barrier), the dead letters of its records, its lane, whether it
+    reads a document, and when its first record was read (`started`, the handler's clock)."""
+
+    works: Mapping[tuple[str, bool], Work] = field(default_factory=dict)
+    truncate: Work | None = None
+    letters: tuple[DeadLetter, ...] = ()
+    lane: Lane = Lane.LIVE
+    heavy: bool = False
+    started: float = 0.0
+
+    @property
+    def records(self) -> int:
+        """The records this pending work covers."""
+        count = sum(len(w.records) for w in self.works.values()) + len(self.letters)
+        return count + (len(self.truncate.records) if self.truncate is not None else 0)
+
+    def merge(self, later: Pending) -> Pending | None:
+        """This work with `later`'s of the same key after it (the later full state supersedes,
+        a refetch follows an upsert): None when either is a TRUNCATE (never merged)."""
+        if self.truncate is not None or later.truncate is not None:
+            return None
+        works = dict(self.works)
+        for work in later.works.values():
+            reduce_work(works, work)
+        return Pending(
+            works,
+            None,
+            self.letters + later.letters,
+            min(self.lane, later.lane),
+            self.heavy or later.heavy,
+            min(self.started, later.started),
+        )
+
+
+def route_record(
+    rec: RawRecord,
     *,
     decode: Decoder,
     plan: Planner,
     reindex_topic: str | None,
+    locate: Locator | None,
     stages: Stages,
-    locate: Locator | None = None,
-) -> Planned:
-    """The batch's work per entity, in segments: a TRUNCATE is a segment of its own, so what
-    came before it is applied before it, and what came after, after."""
-    letters: list[DeadLetter] = []
-    segments: list[tuple[Work, ...]] = []
-    by_entity: dict[tuple[str, bool], Work] = {}
-    decode_s = plan_s = 0.0
-    for rec in records:
-        if reindex_topic is not None and rec.topic == reindex_topic:
-            request = _reindex_plan(rec, letters, stages)
-            if request is not None:
-                _reduce(by_entity, request, rec)
-            continue
-        t0 = time.perf_counter()
-        try:
-            event = decode(rec)
-        except (*RETRYABLE, ConfigError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - the record's bytes are its own fault
-            letters.append(fault_letter(rec, exc, "decode"))
-            stages.count(rec.topic, "?", "dlq")
-            continue
-        finally:
-            decode_s += time.perf_counter() - t0
-        t1 = time.perf_counter()
-        try:
-            planned = plan(event)
-        except (*RETRYABLE, ConfigError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - the record's row is its own fault
-            identity = _identify(locate, event)
-            letters.append(fault_letter(rec, exc, "plan", identity))
-            stages.count(rec.topic, event.op, "dlq")
-            continue
-        finally:
-            plan_s += time.perf_counter() - t1
-        if planned.action is Action.SKIP:
-            stages.count(rec.topic, event.op or event.kind.value, "skipped")
-            continue
-        if planned.action is Action.DLQ:
-            letters.append(
-                DeadLetter(
-                    rec,
-                    f"POLICY_{planned.reason.upper()}",
-                    planned.detail,
-                    "plan",
-                    table=planned.table,
-                )
-            )
-            stages.count(rec.topic, event.op or event.kind.value, "dlq")
-            continue
-        if planned.action is Action.TRUNCATE:
-            segments += [tuple(by_entity.values()), (Work(planned, (rec,)),)]
-            by_entity = {}
-            continue
-        _reduce(by_entity, planned, rec)
-    segments.append(tuple(by_entity.values()))
-    stages.metrics.stage_seconds.labels("decode").observe(decode_s)
-    stages.metrics.stage_seconds.labels("plan").observe(plan_s)
-    return Planned(tuple(s for s in segments if s), tuple(letters))
+    clock: Callable[[], float] = time.time,
+) -> tuple[Route, Callable[[], Pending | None]] | None:
+    """Where a record goes in the scheduler and how to plan it (planning waits until the
+    record is kept); None for a record that needs no work. Never raises for the record's
+    content."""
+    read_at = clock()
+    if reindex_topic is not None and rec.topic == reindex_topic:
+        request = _reindex_plan(rec, stages)
+        if isinstance(request, DeadLetter):
+            return Route("", Lane.REINDEX), lambda: Pending(letters=(request,), started=read_at)
+        assert request.tenant_id is not None and request.entity_id is not None
+        work = Work(request, (rec,))
+        pending = Pending({(request.entity_id, True): work}, lane=Lane.REINDEX, started=read_at)
+        return Route(request.tenant_id, Lane.REINDEX, request.entity_id), lambda: pending
+    started = time.perf_counter()
+    try:
+        event = decode(rec)
+    except (*RETRYABLE, ConfigError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the record's bytes are its own fault
+        letter = fault_letter(rec, exc, "decode")
+        stages.count(rec.topic, "?", "dlq")
+        return Route(""), lambda: Pending(letters=(letter,), started=read_at)
+    finally:
+        stages.metrics.stage_seconds.labels("decode").observe(time.perf_counter() - started)
+    if event.kind in _NO_WORK:
+        stages.count(rec.topic, event.op or event.kind.value, "skipped")
+        return None
+    identity = _identify(locate, event) or RecordIdentity()
+    lane = Lane.BULK if event.is_snapshot else Lane.LIVE
+    barrier = event.kind in (RecordKind.TRUNCATE, RecordKind.SCHEMA_CHANGE) or (
+        event.op is Op.UPDATE and identity.moved_from is not None
+    )
+    key = None if event.kind is not RecordKind.CHANGE else identity.entity_id
+    route = Route(identity.tenant_id or "", lane, key, barrier)
+    return route, lambda: _prepare(
+        rec, event, lane=lane, read_at=read_at, plan=plan, locate=locate, stages=stages
+    )
+
+
+def _prepare(
+    rec: RawRecord,
+    event: ChangeEvent,
+    *,
+    lane: Lane,
+    read_at: float,
+    plan: Planner,
+    locate: Locator | None,
+    stages: Stages,
+) -> Pending | None:
+    """The record's work (None: a skip), or its dead letter."""
+    started = time.perf_counter()
+    try:
+        planned = plan(event)
+    except (*RETRYABLE, ConfigError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the record's row is its own fault
+        letter = fault_letter(rec, exc, "plan", _identify(locate, event))
+        stages.count(rec.topic, event.op, "dlq")
+        return Pending(letters=(letter,), lane=lane, started=read_at)
+    finally:
+        stages.metrics.stage_seconds.labels("plan").observe(time.perf_counter() - started)
+    if planned.action is Action.SKIP:
+        stages.count(rec.topic, event.op or event.kind.value, "skipped")
+        return None
+    if planned.action is Action.DLQ:
+        letter = DeadLetter(
+            rec, f"POLICY_{planned.reason.upper()}", planned.detail, "plan", table=planned.table
+        )
+        stages.count(rec.topic, event.op or event.kind.value, "dlq")
+        return Pending(letters=(letter,), lane=lane, started=read_at)
+    if planned.action is Action.TRUNCATE:
+        return Pending(truncate=Work(planned, (rec,)), lane=lane, started=read_at)
+    works: dict[tuple[str, bool], Work] = {}
+    reduce_work(works, Work(planned, (rec,)))
+    heavy = planned.deferred is not None
+    return Pending(works, lane=lane, heavy=heavy, started=read_at)
 
 
 def fault_reason(exc: Exception, stage: str, where: str) -> tuple[str, str]:
@@ -153,7 +205,7 @@ def _identify(locate: Locator | None, event: ChangeEvent) -> RecordIdentity | No
     return None if locate is None else locate(event)
 
 
-def _reindex_plan(rec: RawRecord, letters: list[DeadLetter], stages: Stages) -> Plan | None:
+def _reindex_plan(rec: RawRecord, stages: Stages) -> Plan | DeadLetter:
     """A reindex request from Retrieve -> re-read the entity from the SoR (a refetch)."""
     try:
         doc = json.loads(rec.value or b"")
@@ -164,11 +216,9 @@ def _reindex_plan(rec: RawRecord, letters: list[DeadLetter], stages: Stages) -> 
             raise TypeError("tenant and entity_id must be strings")
         valid = TenantId(tenant)
     except RecursionError:
-        _bad_request(rec, letters, stages, "nested too deeply")
-        return None
+        return _bad_request(rec, stages, "nested too deeply")
     except (ValueError, KeyError, TypeError, RagstreamError) as exc:
-        _bad_request(rec, letters, stages, str(exc))
-        return None
+        return _bad_request(rec, stages, str(exc))
     return Plan(
         Action.REFETCH,
         "reindex_request",
@@ -179,19 +229,20 @@ def _reindex_plan(rec: RawRecord, letters: list[DeadLetter], stages: Stages) -> 
     )
 
 
-def _bad_request(rec: RawRecord, letters: list[DeadLetter], stages: Stages, why: str) -> None:
-    letters.append(DeadLetter(rec, "BAD_REINDEX_REQUEST", why, "decode"))
+def _bad_request(rec: RawRecord, stages: Stages, why: str) -> DeadLetter:
     stages.count(rec.topic, "reindex", "dlq")
+    return DeadLetter(rec, "BAD_REINDEX_REQUEST", why, "decode")
 
 
-def _reduce(by_entity: dict[tuple[str, bool], Work], plan: Plan, rec: RawRecord) -> None:
-    """Keep, per entity, the work that decides its state after this batch.
+def reduce_work(by_entity: dict[tuple[str, bool], Work], work: Work) -> None:
+    """Keep, per entity, the work that decides its state.
 
-    Kafka keys changes by primary key, so one entity's events share a partition and arrive
-    in commit order: the last full state (upsert or delete) supersedes everything before it.
-    A refetch (TOAST placeholder) carries no content, so it does not supersede an earlier
-    upsert of the batch: that upsert is applied, and the refetch after it.
+    Kafka keys changes by primary key, so one entity's events arrive in commit order: the last
+    full state (upsert or delete) supersedes everything before it. A refetch (TOAST
+    placeholder, reindex request) carries no content, so it does not supersede an earlier
+    upsert: that upsert is applied, and the refetch after it.
     """
+    plan = work.plan
     assert plan.entity_id is not None  # every non-skip plan names its entity
     refetch = plan.action is Action.REFETCH
     superseded: list[RawRecord] = []
@@ -201,4 +252,4 @@ def _reduce(by_entity: dict[tuple[str, bool], Work], plan: Plan, rec: RawRecord)
         previous = by_entity.pop(key, None)
         if previous is not None:
             superseded.extend(previous.records)
-    by_entity[(plan.entity_id, refetch)] = Work(plan, (*superseded, rec))
+    by_entity[(plan.entity_id, refetch)] = Work(plan, (*superseded, *work.records))

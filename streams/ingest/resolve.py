@@ -85,8 +85,16 @@ def resolve(work: Sequence[Work], stages: Stages) -> Resolved:
                 mine = {c: f for (c, e), f in observed.items() if e == entity.entity_id}
                 upserts[entity.entity_id] = Upsert(item, entity, mine)
         else:
-            assert plan.entity is not None
-            upserts[plan.entity.entity_id] = Upsert(item, plan.entity)
+            entity = plan.entity
+            if plan.deferred is not None:
+                # a document row's file is read now, one batch at a time
+                try:
+                    entity = plan.deferred.build()
+                except MappingError as exc:  # DocumentError too: this entity's own fault
+                    faults += stages.reject(item, exc.code, str(exc), column=exc.column)
+                    continue
+            assert entity is not None
+            upserts[entity.entity_id] = Upsert(item, entity)
         if plan.previous_tenant_id is not None and plan.entity_id is not None:
             delete_in_tenant(plan.previous_tenant_id, plan.entity_id, stages)
     return Resolved(

@@ -228,16 +228,23 @@ class MockKafka:
             mover.close()
 
 
-def assert_fetch_gap_logged(
-    records: Sequence[logging.LogRecord], topic: str, position: int, low: int
-) -> None:
-    """An ERROR names the offsets of `topic`[0] lost below the running worker's fetch position."""
+def gap_logged(records: Sequence[logging.LogRecord], topic: str, position: int, low: int) -> bool:
+    """Whether an ERROR names the offsets of `topic`[0] lost below the running worker's fetch
+    position `position`."""
     errors = [r.getMessage() for r in records if r.levelno == logging.ERROR]
     lost = (
         f"{topic}[0]: fetch position {position} < low watermark {low}, offsets "
         f"{position}..{low - 1} ({low - position}) lost"
     )
-    assert any(lost in m for m in errors), errors
+    return any(lost in m for m in errors)
+
+
+def assert_fetch_gap_logged(
+    records: Sequence[logging.LogRecord], topic: str, position: int, low: int
+) -> None:
+    """An ERROR names the offsets of `topic`[0] lost below the running worker's fetch position."""
+    errors = [r.getMessage() for r in records if r.levelno == logging.ERROR]
+    assert gap_logged(records, topic, position, low), errors
 
 
 def committed(bootstrap: str, group: str, topic: str, partitions: Sequence[int]) -> dict[int, int]:

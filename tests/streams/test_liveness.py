@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from ragcore.sor.base import SlotState
 from schemas.events import RawRecord
-from streams.consumer import DeadLetter
+from streams.consumer import BatchAdapter, BatchHandler, DeadLetter, Routed
 from streams.liveness import ObservedHandler, SlotWatch, SourceLiveness, heartbeat_pattern
 from streams.metrics import IngestMetrics
 
@@ -108,24 +108,31 @@ def test_silence_is_logged_once_and_the_return_once(caplog: pytest.LogCaptureFix
     assert any("heard again" in r.getMessage() for r in caplog.records)
 
 
-class _Handler:
-    def __init__(self) -> None:
-        self.seen: list[RawRecord] = []
-
-    def handle(self, records: Sequence[RawRecord]) -> Sequence[DeadLetter]:
-        self.seen += records
-        return []
-
-
 @pytest.mark.unit
-def test_the_observed_handler_notes_records_before_handling_them() -> None:
+def test_the_observed_handler_notes_records_before_routing_them() -> None:
     clock = Clock(100.0)
     watch, registry = liveness(clock)
-    inner = _Handler()
+    seen: list[RawRecord] = []
+
+    class Inner(BatchAdapter):
+        def route(self, record: RawRecord) -> Routed[list[RawRecord]]:
+            seen.append(record)
+            return super().route(record)
+
+    observed = ObservedHandler(Inner(_nothing()), watch)
     batch = [record("__debezium-heartbeat.sor", 99_000), record("sor.public.entities", None, 1)]
-    ObservedHandler(inner, watch).handle(batch)
-    assert inner.seen == batch
+    for rec in batch:
+        assert observed.route(rec) is not None
+    assert seen == batch
     assert age(registry, "sor") == 0.0  # a record without a timestamp counts at consume time
+
+
+def _nothing() -> BatchHandler:
+    class Nothing:
+        def handle(self, records: Sequence[RawRecord]) -> Sequence[DeadLetter]:
+            return []
+
+    return Nothing()
 
 
 @pytest.mark.unit

@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 from ragcore.errors import EmbeddingUnavailableError
 from ragcore.kafka_config import KafkaSettings
 from schemas.events import RawRecord
-from streams.consumer import ConsumerLoop, DeadLetter, OffsetGap
+from streams.consumer import ConsumerLoop, DeadLetter, OffsetGap, SchedulerSettings
 from streams.metrics import IngestMetrics
 from tests.streams.support import MockKafka, assert_fetch_gap_logged, fast_consumer
 
@@ -73,7 +73,12 @@ class Loop:
         return self.registry.get_sample_value("ragstream_ingest_offset_gaps_total", labels)
 
 
-def start_loop(kafka: MockKafka, strategy: str = "range", group: str | None = None) -> Loop:
+def start_loop(
+    kafka: MockKafka,
+    strategy: str = "range",
+    group: str | None = None,
+    read_ahead_records: int = 20_000,
+) -> Loop:
     suffix = uuid.uuid4().hex[:8]
     topic, dlq = f"ret.{suffix}", f"dlq.{suffix}"
     kafka.create(dlq)
@@ -93,6 +98,7 @@ def start_loop(kafka: MockKafka, strategy: str = "range", group: str | None = No
             heartbeat_interval_ms=500,
             backoff_initial_s=0.05,
             backoff_max_s=0.1,
+            scheduler=SchedulerSettings(read_ahead_records=read_ahead_records, tenant_share=1.0),
         ),
         handler,
         IngestMetrics(registry),
@@ -106,7 +112,9 @@ def start_loop(kafka: MockKafka, strategy: str = "range", group: str | None = No
 def test_a_running_worker_overtaken_by_retention_names_the_lost_offsets_and_restarts_at_the_log_start(  # noqa: E501
     mock_kafka: MockKafka, strategy: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    env = start_loop(mock_kafka, strategy)
+    # a budget of five records: holding the five it reads ahead during the outage pauses its
+    # fetching, so that retention overtakes it
+    env = start_loop(mock_kafka, strategy, read_ahead_records=5)
     mock_kafka.produce(env.topic, [b"seen-%d" % i for i in range(10)])
     with caplog.at_level(logging.INFO):
         env.loop.start()
@@ -114,8 +122,9 @@ def test_a_running_worker_overtaken_by_retention_names_the_lost_offsets_and_rest
             # a new group starts at the first offset (auto.offset.reset=error notwithstanding)
             env.run_until(lambda: len(env.handler.offsets) == 10)
             assert env.handler.offsets == [(0, i) for i in range(10)]
-            # the embedder goes down: the worker pauses and retries offset 10 while five more
-            # changes arrive and retention deletes them before the worker could read them
+            # the embedder goes down: the worker retries offset 10 and reads ahead the five
+            # changes that arrive (it holds them: retention deleting them does not lose them);
+            # then retention deletes what arrives next before the worker could read it
             env.handler.failing = True
             mock_kafka.produce(env.topic, [b"lost-%d" % i for i in range(5)])
             env.run_until(lambda: "embedder unavailable" in caplog.text)
@@ -124,11 +133,16 @@ def test_a_running_worker_overtaken_by_retention_names_the_lost_offsets_and_rest
             env.run_until(lambda: env.handler.offsets[-1:] == [(0, high - 1)])
         finally:
             env.loop.close()
-    assert env.gaps == [OffsetGap(env.topic, 0, 10, low, high, "fetch position")]
+    (gap,) = env.gaps
+    # the fetch stood past the five it read ahead (and what it had fetched of the filler)
+    assert 15 <= gap.offset < low
+    assert gap == OffsetGap(env.topic, 0, gap.offset, low, high, "fetch position")
     assert env.gaps_counted() == 1
-    assert_fetch_gap_logged(caplog.records, env.topic, 10, low)
-    # nothing jumped: after the gap the worker read every retained record, in order, once
-    assert env.handler.offsets[10:] == [(0, o) for o in range(low, high)]
+    assert_fetch_gap_logged(caplog.records, env.topic, gap.offset, low)
+    # nothing jumped: the records held were applied, and after the gap the worker read every
+    # retained record, in order, once
+    held = [(0, o) for o in range(10, gap.offset)]
+    assert env.handler.offsets[10:] == held + [(0, o) for o in range(low, high)]
 
 
 @pytest.mark.integration

@@ -1,0 +1,338 @@
+"""What the worker keeps of what it fetches: the read-ahead budget per tenant, and rescans
+(docs/decisions/tenant-fair-ingest.md).
+
+The consumer fetches every partition in offset order; a tenant's bulk load in a partition that
+other tenants share would hold their changes behind it unless the worker read past it. It
+reads ahead, within a budget of records and bytes (`Scheduler.admits`), in which one tenant may
+hold only a share. A record that does not fit is *dropped*: not kept, not committed past, and
+fetched again by a *rescan* (a seek back to the lowest dropped offset of its partition) once
+its tenant has room again. So a 100,000-row import holds at most its tenant's share in memory,
+and the other tenants' changes after it are read, kept and applied at once.
+
+Order is kept by construction: once a tenant drops a record in a partition, every later record
+of that tenant there is dropped too until the rescan (its keys' records then arrive in order);
+a barrier (TRUNCATE, schema change, tenant move) after any dropped record is dropped with
+everything after it (it must follow every earlier record of its partition). A rescan re-reads
+the partition from its lowest dropped offset: offsets already kept or finished are recognised
+(`PartitionOffsets.classify`), and the tenant of each offset dropped before is remembered
+(eight bytes an offset), so a record whose tenant still has no room is dropped again without
+being decoded.
+
+Not thread-safe on its own: the consumer thread calls everything but `finish`, which the apply
+thread calls; `ReadAhead` serializes them with its lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from bisect import bisect_left
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from streams.offsets import DEFAULT_METADATA_BYTES, CommitPoint, PartitionOffsets, Seen
+from streams.scheduler import Lane, Scheduler, TopicPartition
+
+#: The tenant index of a dropped barrier in the dropped-offset cache: decoded again on a rescan.
+_BARRIER = 0xFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What the scheduler needs to know of a record before it is planned: its tenant (`""`:
+    unknown), lane, ordering key (None: none) and whether it is a barrier."""
+
+    tenant: str
+    lane: Lane = Lane.LIVE
+    key: Hashable | None = None
+    barrier: bool = False
+
+
+@dataclass
+class _Intake:
+    """One partition's read-ahead state."""
+
+    offsets: PartitionOffsets
+    #: the broker timestamp of the oldest record dropped and not fetched again, by tenant and
+    #: lane (backlog age), and how many
+    dropped_stats: dict[tuple[str, Lane], list[int]] = field(default_factory=dict)
+    #: tenants that dropped a record since the last rescan began (all later ones drop too)
+    dropping: set[str] = field(default_factory=set)
+    #: a barrier was dropped: everything after it drops until the rescan
+    drop_all: bool = False
+    #: offsets dropped (ascending within a pass) and their tenants' indexes (`_BARRIER` for a
+    #: barrier): what a rescan need not decode again
+    cache_offsets: array[int] = field(default_factory=lambda: array("q"))
+    cache_tenants: array[int] = field(default_factory=lambda: array("H"))
+    #: the cache of the pass before the rescan in progress (looked up while re-reading)
+    previous_offsets: array[int] = field(default_factory=lambda: array("q"))
+    previous_tenants: array[int] = field(default_factory=lambda: array("H"))
+
+
+class ReadAhead:
+    """Keep-or-drop decisions, offsets and rescans of every assigned partition."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler[object],
+        *,
+        rescan_low_water: float = 0.5,
+        max_metadata_bytes: int = DEFAULT_METADATA_BYTES,
+    ) -> None:
+        self._scheduler = scheduler
+        self._low_water = rescan_low_water
+        self._max_metadata = max_metadata_bytes
+        self._lock = threading.Lock()
+        self._parts: dict[TopicPartition, _Intake] = {}
+        #: assigned partitions whose start is not known yet (made at their first record)
+        self._lazy: set[TopicPartition] = set()
+        self._tenants: list[str] = []
+        self._tenant_index: dict[str, int] = {}
+        #: counters for metrics: dropped records, rescans, offsets skipped as finished before
+        self.dropped = 0
+        self.rescans = 0
+        self.done_before = 0
+
+    # --- assignment -----------------------------------------------------------------------------
+
+    def assign(
+        self, tp: TopicPartition, start: int | None, done_before: Iterable[int] = ()
+    ) -> None:
+        """A partition read from `start` (its committed offset; None: not known, e.g. a group
+        that never committed there: the first offset fetched); `done_before`: offsets above it
+        that the commit metadata names as finished."""
+        with self._lock:
+            self._lazy.discard(tp)
+            self._parts.pop(tp, None)
+            if start is None:
+                self._lazy.add(tp)
+            else:
+                self._parts[tp] = _Intake(PartitionOffsets(start, done_before))
+
+    def revoke(self, tp: TopicPartition) -> None:
+        """Forget a partition."""
+        with self._lock:
+            self._parts.pop(tp, None)
+            self._lazy.discard(tp)
+
+    def assigned(self) -> list[TopicPartition]:
+        """The partitions this worker reads."""
+        with self._lock:
+            return [*self._parts, *self._lazy]
+
+    def skip_to(self, tp: TopicPartition, offset: int) -> None:
+        """The partition's log starts at `offset` now (an offset gap): nothing below it can be
+        fetched again."""
+        with self._lock:
+            part = self._parts.get(tp)
+            if part is not None:
+                part.offsets.lost_below(offset)
+
+    # --- what arrives ---------------------------------------------------------------------------
+
+    def classify(self, tp: TopicPartition, offset: int) -> Seen | None:
+        """What a fetched offset is (None: its partition is not assigned: drop the record)."""
+        with self._lock:
+            part = self._parts.get(tp)
+            if part is None and tp in self._lazy:
+                self._lazy.discard(tp)
+                part = self._parts[tp] = _Intake(PartitionOffsets(offset))
+            if part is None:
+                return None
+            seen = part.offsets.classify(offset)
+            if seen is Seen.DONE_BEFORE:
+                self.done_before += 1
+            return seen
+
+    def known_drop(self, tp: TopicPartition, offset: int) -> bool:
+        """Whether a NEW offset fetched again by a rescan can be dropped again without being
+        decoded: it was dropped before, is no barrier, and its tenant still has no room."""
+        with self._lock:
+            part = self._parts.get(tp)
+            if part is None:
+                return False
+            index = _lookup(part.previous_offsets, part.previous_tenants, offset)
+            if index is None or index == _BARRIER:
+                return False
+            tenant = self._tenants[index]
+            if tenant not in part.dropping and self._scheduler.admits(tenant, 0):
+                return False
+            self._drop(tp, part, offset, tenant, barrier=False)
+            return True
+
+    def decide(
+        self,
+        tp: TopicPartition,
+        offset: int,
+        route: Route,
+        nbytes: int,
+        timestamp_ms: int | None = None,
+    ) -> bool:
+        """Keep (True: the caller queues the unit) or drop a NEW offset."""
+        with self._lock:
+            part = self._parts.get(tp)
+            if part is None:
+                return False
+            keep = self._keeps(part, route, nbytes)
+            if keep:
+                part.offsets.keep(offset)
+            else:
+                self._drop(tp, part, offset, route.tenant, barrier=route.barrier)
+                stats = part.dropped_stats.setdefault((route.tenant, route.lane), [0, -1])
+                stats[0] += 1
+                if timestamp_ms is not None and (stats[1] < 0 or timestamp_ms < stats[1]):
+                    stats[1] = timestamp_ms
+            return keep
+
+    def _keeps(self, part: _Intake, route: Route, nbytes: int) -> bool:
+        if part.drop_all:
+            return False
+        if route.barrier:
+            # a barrier follows everything before it: it waits for what was dropped
+            return part.offsets.dropped_from is None
+        if route.tenant in part.dropping:
+            return False
+        return self._scheduler.admits(route.tenant, nbytes)
+
+    def _drop(
+        self, tp: TopicPartition, part: _Intake, offset: int, tenant: str, *, barrier: bool
+    ) -> None:
+        part.offsets.drop(offset)
+        self.dropped += 1
+        if barrier:
+            part.drop_all = True
+        else:
+            part.dropping.add(tenant)
+        index = _BARRIER if barrier else self._index(tenant)
+        if not part.cache_offsets or part.cache_offsets[-1] < offset:
+            part.cache_offsets.append(offset)
+            part.cache_tenants.append(index)
+
+    def skip(self, tp: TopicPartition, offset: int) -> None:
+        """A NEW offset that needs no work (a heartbeat, a tombstone, a skipped record)."""
+        with self._lock:
+            part = self._parts.get(tp)
+            if part is not None:
+                part.offsets.finish(offset)
+
+    def finish(self, tp: TopicPartition, offsets: Sequence[int]) -> None:
+        """Kept offsets applied (or dead-lettered): finished."""
+        with self._lock:
+            part = self._parts.get(tp)
+            if part is None:
+                return  # revoked meanwhile
+            for offset in offsets:
+                part.offsets.finish(offset)
+
+    # --- rescans --------------------------------------------------------------------------------
+
+    def due_rescans(self) -> list[tuple[TopicPartition, int]]:
+        """Partitions whose dropped records have room now: (partition, offset to seek to). The
+        caller seeks there; the partition's drops start over."""
+        out: list[tuple[TopicPartition, int]] = []
+        with self._lock:
+            if self._scheduler.full(0.8):
+                return out
+            share = self._scheduler.config.max_records * self._scheduler.config.tenant_share
+            for tp, part in self._parts.items():
+                if part.offsets.dropped_from is None or part.offsets.rescanning:
+                    continue
+                room = part.drop_all and not part.dropping
+                room = room or any(
+                    self._scheduler.held(t) < share * self._low_water for t in part.dropping
+                )
+                if not self._scheduler.config.fair:
+                    room = True  # dropped only because the whole budget was full
+                if not room:
+                    continue
+                start = part.offsets.start_rescan()
+                if start is None:
+                    continue
+                part.previous_offsets = part.cache_offsets
+                part.previous_tenants = part.cache_tenants
+                part.cache_offsets, part.cache_tenants = array("q"), array("H")
+                part.dropping = set()
+                part.drop_all = False
+                part.dropped_stats = {}
+                self.rescans += 1
+                out.append((tp, start))
+        return out
+
+    # --- commits --------------------------------------------------------------------------------
+
+    def commit_points(self) -> dict[TopicPartition, CommitPoint]:
+        """What to commit now for every assigned partition whose point moved since its last
+        commit."""
+        out: dict[TopicPartition, CommitPoint] = {}
+        with self._lock:
+            for tp, part in self._parts.items():
+                point = part.offsets.commit_point(self._max_metadata)
+                if point.offset > part.offsets.last_committed or point.metadata:
+                    out[tp] = point
+        return out
+
+    def committed(self, points: dict[TopicPartition, CommitPoint]) -> None:
+        """The broker acknowledged `points`."""
+        with self._lock:
+            for tp, point in points.items():
+                part = self._parts.get(tp)
+                if part is not None:
+                    part.offsets.committed(point.offset)
+
+    def commit_point(self, tp: TopicPartition) -> CommitPoint | None:
+        """The commit point of one partition (None: not assigned)."""
+        with self._lock:
+            part = self._parts.get(tp)
+            return None if part is None else part.offsets.commit_point(self._max_metadata)
+
+    def position(self, tp: TopicPartition) -> int | None:
+        """One past the highest offset seen of `tp` (where its fetch stands)."""
+        with self._lock:
+            part = self._parts.get(tp)
+            return None if part is None else part.offsets.seen_to
+
+    def dropped_oldest(self) -> dict[TopicPartition, int]:
+        """The oldest dropped record's broker timestamp per partition (backlog age)."""
+        out: dict[TopicPartition, int] = {}
+        with self._lock:
+            for tp, part in self._parts.items():
+                stamps = [s[1] for s in part.dropped_stats.values() if s[1] >= 0]
+                if stamps:
+                    out[tp] = min(stamps)
+        return out
+
+    def dropped_backlog(self) -> dict[tuple[str, Lane], tuple[int, int | None]]:
+        """Dropped records not fetched again, and the oldest one's timestamp, by tenant and
+        lane (a rescan that began counts them again as they come)."""
+        out: dict[tuple[str, Lane], tuple[int, int | None]] = {}
+        with self._lock:
+            for part in self._parts.values():
+                for key, (count, oldest) in part.dropped_stats.items():
+                    known, stamp = out.get(key, (0, None))
+                    if oldest >= 0 and (stamp is None or oldest < stamp):
+                        stamp = oldest
+                    out[key] = (known + count, stamp)
+        return out
+
+    def check(self) -> None:
+        """Assert every partition's invariants (tests)."""
+        with self._lock:
+            for part in self._parts.values():
+                part.offsets.check()
+
+    def _index(self, tenant: str) -> int:
+        index = self._tenant_index.get(tenant)
+        if index is None:
+            index = len(self._tenants)
+            if index >= _BARRIER:
+                return _BARRIER  # the cache is advisory: such a record is decoded again
+            self._tenants.append(tenant)
+            self._tenant_index[tenant] = index
+        return index
+
+
+def _lookup(offsets: array[int], tenants: array[int], offset: int) -> int | None:
+    i = bisect_left(offsets, offset)
+    if i < len(offsets) and offsets[i] == offset:
+        return tenants[i]
+    return None
