@@ -176,6 +176,35 @@ class SorTableError(RagstreamError):
     code = "SOR_TABLE_UNREADABLE"
 
 
+class SorRowError(MappingError):
+    """One SoR row was read but cannot be judged: its content raised while it was mapped to an
+    entity or a verdict (metadata that is not a JSON object, JSON nested too deep, a referenced
+    document that cannot be read, a bad timestamp, ...). The row's fault, never the caller's:
+    Retrieve excludes its hits, a re-read dead-letters that entity, a scan reports it and goes
+    on. An unreadable row is not a missing one: nothing deletes an entity because of it.
+
+    `entity_id` is None only when the row's key cannot form one; `column` names the column at
+    fault when it is known; `reason` is the cause's code (a ragstream error's `code`, else the
+    exception's type name)."""
+
+    code = "SOR_ROW_UNREADABLE"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        table: str,
+        entity_id: str | None,
+        reason: str,
+        column: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.table = table
+        self.entity_id = entity_id
+        self.reason = reason
+        self.column = column
+
+
 # --- Kafka -----------------------------------------------------------------------------------
 
 

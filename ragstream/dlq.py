@@ -481,7 +481,12 @@ def sor_locator(sor: SystemOfRecord) -> Locator:
 
     def locate_all(entity_ids: Sequence[str]) -> dict[str, str | RagstreamError]:
         try:
-            return {e: found.tenant_id for e, found in sor.fetch_entities(None, entity_ids).items()}
+            found = sor.fetch_entities(None, entity_ids)
+            # a row that cannot be read (SorRowError) says why the entity cannot be indexed yet
+            return {
+                e: row if isinstance(row, RagstreamError) else row.tenant_id
+                for e, row in found.items()
+            }
         except (MappingError, SorTableError) as exc:
             if len(entity_ids) == 1:
                 return {entity_ids[0]: exc}

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ragcore.embedders.base import Embedder
+from ragcore.errors import SorRowError
 from ragcore.prepare import Preparer
 from ragcore.quality.dataset import EvalQuery
 from ragcore.quality.metrics import QueryRun, Status
@@ -105,6 +106,9 @@ class ReindexReport:
     sor_entities: int = 0
     written: int = 0
     rejected: list[Rejection] = field(default_factory=list)
+    #: SoR rows that cannot be mapped, by entity id (or their error when the key forms none):
+    #: not written, left out of the catch-up (the SoR reader logged each)
+    unreadable_rows: list[str] = field(default_factory=list)
     snapshot_seconds: float = 0.0
     catchup: list[dict[str, Any]] = field(default_factory=list)
     parity: dict[str, Any] | None = None
@@ -131,6 +135,8 @@ class ReindexReport:
             "written": self.written,
             "rejected": [asdict(r) for r in self.rejected[:50]],
             "rejected_count": len(self.rejected),
+            "unreadable_rows": self.unreadable_rows[:50],
+            "unreadable_rows_count": len(self.unreadable_rows),
             "snapshot_seconds": round(self.snapshot_seconds, 3),
             "catchup": self.catchup,
             "parity": self.parity,
@@ -355,13 +361,26 @@ class _Job:
                 report.dropped.append(retired.index_name)
                 self.progress(f"dropped {retired.index_name}")
 
+    def readable(self, tenant: str, batch: int) -> Iterator[Entity]:
+        """The tenant's live entities from a SoR scan; a row that cannot be mapped is noted in
+        the report (once, however many scans meet it) and skipped."""
+        noted = set(self.report.unreadable_rows)
+        for row in self.sor.scan(tenant, batch=batch):
+            if isinstance(row, SorRowError):
+                name = row.entity_id or str(row)
+                if name not in noted:
+                    noted.add(name)
+                    self.report.unreadable_rows.append(name)
+                continue
+            yield row
+
     def snapshot(self) -> None:
         """Write every live SoR row of the tenant to the new version, with progress."""
         report = self.report
         total = self.sor.count(report.tenant)
         report.sor_entities = total
         began = last = time.perf_counter()
-        for batch in _batches(self.sor.scan(report.tenant, batch=500), self.options.batch):
+        for batch in _batches(self.readable(report.tenant, 500), self.options.batch):
             rows = SorBatch(TenantId(report.tenant), "reindex", entities=tuple(batch))
             report.rejected.extend(self.writer.apply_rows(rows).rejections)
             report.written += len(batch)
@@ -376,6 +395,11 @@ class _Job:
                     f"{rate:.1f} entities/s, ~{left:.0f} s left"
                 )
         report.snapshot_seconds = time.perf_counter() - began
+        if report.unreadable_rows:
+            self.progress(
+                f"snapshot: {len(report.unreadable_rows)} SoR rows cannot be mapped and were "
+                f"left out (e.g. {report.unreadable_rows[:5]}; the log names each one's reason)"
+            )
 
     def drifted(self) -> list[str]:
         """Entities the new version has wrong while the active version has them right.
@@ -395,10 +419,10 @@ class _Job:
             if old is not None and old != self.report.new_version
             else None
         )
-        sor = {e.entity_id: e.content_hash for e in self.sor.scan(tenant, batch=1000)}
+        sor = {e.entity_id: e.content_hash for e in self.readable(tenant, 1000)}
         new_index = self.registry.manifest(tenant, self.report.new_version).index_name
         new = entity_states(self.store, new_index, tenant)
-        unindexable = {r.entity_id for r in self.report.rejected}
+        unindexable = {r.entity_id for r in self.report.rejected} | set(self.report.unreadable_rows)
         drifted = []
         behind_sor = 0
         for entity_id in sorted(sor.keys() | new.keys()):
@@ -450,7 +474,7 @@ class _Job:
             queries = load_queries(self.options.parity_queries, tenant)
             source = str(self.options.parity_queries)
         else:
-            queries = known_item_queries(self.sor.scan(tenant, batch=500), tenant, settings)
+            queries = known_item_queries(self.readable(tenant, 500), tenant, settings)
             source = f"known-item queries sampled from the SoR (seed {settings.seed})"
         new = self.report.new_version
         self.progress(f"parity gate: {len(queries)} queries on v{old} and v{new}")

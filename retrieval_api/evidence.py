@@ -6,8 +6,9 @@ chunk. Walking the survivors best first, OK chunks become results until `top_k` 
 a survivor and the near-duplicates collapsed into it, the best OK chunk is the result and the
 other OK ones its `also_in`);
 DELETED / STALE / MISSING ones are excluded with their reason (the caller publishes a reindex
-request for each, see `reindex_requests`). Results are never fabricated: with no OK chunk the
-status is NO_EVIDENCE.
+request for each, see `reindex_requests`); UNVERIFIABLE ones (a table the reader cannot read)
+and SOR_ROW_UNREADABLE ones (a row whose content cannot be judged) are excluded without one.
+Results are never fabricated: with no OK chunk the status is NO_EVIDENCE.
 
 A pack with results always holds a chunk at or above the hard threshold (or one holding an
 identifier of the query): when the SoR check leaves only supporting chunks (kept down to the
@@ -75,6 +76,7 @@ class Verdict(StrEnum):
     STALE = "stale"
     MISSING = "missing"
     UNVERIFIABLE = "unverifiable"  # the SoR reader cannot read the entity's table
+    UNREADABLE = "sor_row_unreadable"  # the entity's row is there but cannot be judged
 
 
 class EntityState(Protocol):
@@ -100,6 +102,11 @@ class EntityState(Protocol):
         """The SoR reader can read the entity's table (else nothing is known of it)."""
         ...
 
+    @property
+    def row_error(self) -> str | None:
+        """Why the entity's row cannot be judged (None: it can); validated by the reader."""
+        ...
+
 
 def entities_to_verify(ranking: Ranking) -> list[str]:
     """The entity ids of every survivor and of the near-duplicates collapsed into it, sorted
@@ -113,8 +120,9 @@ def verdicts_from_sor(
     """chunk_id -> Verdict from the SoR's entity states (keyed by entity id).
 
     Entity of a table the SoR reader cannot read -> UNVERIFIABLE; absent or non-existent
-    entity -> MISSING; soft-deleted -> DELETED; content hash other than
-    the chunk's source hash (or either one unknown) -> STALE; else OK.
+    entity -> MISSING; soft-deleted -> DELETED; a row whose content cannot be judged ->
+    UNREADABLE; content hash other than the chunk's source hash (or either one unknown) ->
+    STALE; else OK.
     """
     verdicts: dict[str, Verdict] = {}
     for chunk in chunks:
@@ -126,6 +134,8 @@ def verdicts_from_sor(
             verdicts[chunk.chunk_id] = Verdict.MISSING
         elif state.deleted:
             verdicts[chunk.chunk_id] = Verdict.DELETED
+        elif state.row_error is not None:
+            verdicts[chunk.chunk_id] = Verdict.UNREADABLE
         elif not source_hash or (state.content_hash or "").strip().lower() != source_hash:
             verdicts[chunk.chunk_id] = Verdict.STALE
         else:
@@ -160,6 +170,7 @@ _REASONS: Mapping[ExclusionReason, pb.ExclusionReason.ValueType] = {
     ExclusionReason.BELOW_THRESHOLD: pb.EXCLUSION_REASON_BELOW_THRESHOLD,
     ExclusionReason.DUPLICATE: pb.EXCLUSION_REASON_DUPLICATE,
     ExclusionReason.UNVERIFIABLE: pb.EXCLUSION_REASON_UNVERIFIABLE,
+    ExclusionReason.SOR_ROW_UNREADABLE: pb.EXCLUSION_REASON_SOR_ROW_UNREADABLE,
 }
 _CONFIDENCE: Mapping[Confidence, pb.Confidence.ValueType] = {
     Confidence.HIGH: pb.CONFIDENCE_HIGH,
@@ -183,6 +194,7 @@ _VERDICT_REASON: Mapping[Verdict, ExclusionReason] = {
     Verdict.STALE: ExclusionReason.STALE,
     Verdict.MISSING: ExclusionReason.MISSING,
     Verdict.UNVERIFIABLE: ExclusionReason.UNVERIFIABLE,
+    Verdict.UNREADABLE: ExclusionReason.SOR_ROW_UNREADABLE,
 }
 #: Exclusions the worker can heal by re-reading the entity from the SoR.
 _REINDEXABLE = frozenset({ExclusionReason.DELETED, ExclusionReason.STALE, ExclusionReason.MISSING})

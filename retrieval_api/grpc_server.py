@@ -17,8 +17,13 @@ errors to status codes (one table, `STATUS_OF`) -> audit. Error table (README "E
 | any other ragstream error               | INTERNAL             |
 
 A search that ran but found nothing usable is OK with status NO_EVIDENCE. Every non-OK answer
-carries the stable ragstream code in the trailing metadata `ragstream-error-code`; a shed call
-(RESOURCE_EXHAUSTED) also carries its retry hint (`grpc-retry-pushback-ms`, `retry-after-ms`).
+carries the stable ragstream code in the trailing metadata `ragstream-error-code` and the
+request's correlation id (its request id, or a new one) in `ragstream-correlation-id`; a shed
+call (RESOURCE_EXHAUSTED) also carries its retry hint (`grpc-retry-pushback-ms`,
+`retry-after-ms`). A server-side failure (UNAVAILABLE, INTERNAL, and any exception no typed
+error names) tells the client only a generic text and the correlation id, e.g. "the system of
+record is unavailable (correlation id ...)": its detail (a SoR host or user, a vendor message)
+is in the server log line (WARNING, or ERROR for INTERNAL) under the same id.
 Admission per tenant (retrieval_api/admission.py) runs after authentication, before the
 pipeline; credentials and quotas reload without a restart (`RetrieveServer.reload`).
 """
@@ -70,6 +75,17 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RetrievalService"].full_name
 ERROR_CODE_KEY = "ragstream-error-code"
+CORRELATION_ID_KEY = "ragstream-correlation-id"
+
+
+class UnexpectedError(RagstreamError):
+    """A failure no typed error names (a bug): INTERNAL for the client, the original
+    exception and its traceback in the server log."""
+
+    code = "INTERNAL"
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
 
 
 #: Typed errors -> gRPC status, most specific first.
@@ -95,6 +111,28 @@ def status_of(exc: BaseException) -> grpc.StatusCode:
         if isinstance(exc, kind):
             return code
     return grpc.StatusCode.INTERNAL
+
+
+#: The server-side statuses: their detail stays in the server log.
+SERVER_SIDE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL})
+#: What a client is told of a dependency that is down, by error code.
+_GENERIC = {
+    "SOR_UNAVAILABLE": "the system of record is unavailable",
+    "STORE_UNAVAILABLE": "the vector store is unavailable",
+    "EMBEDDING_UNAVAILABLE": "the embedder is unavailable",
+    "RERANK_UNAVAILABLE": "the reranker is unavailable",
+}
+
+
+def client_message(exc: RagstreamError, code: grpc.StatusCode, correlation_id: str) -> str:
+    """The text a client gets for `exc`: its message for a client-side status; for a
+    server-side one a generic text and the correlation id, never the detail (a SoR's host,
+    port, user or database; a vendor's message)."""
+    if code not in SERVER_SIDE:
+        return str(exc)
+    fallback = "a dependency is unavailable" if code == grpc.StatusCode.UNAVAILABLE else None
+    text = _GENERIC.get(exc.code) or fallback or "internal error"
+    return f"{text} (correlation id {correlation_id})"
 
 
 class RetrievalServicer(pb_grpc.RetrievalServiceServicer):
@@ -136,23 +174,39 @@ class RetrievalServicer(pb_grpc.RetrievalServiceServicer):
                 return await loop.run_in_executor(
                     self._pool, call.run, self._retriever.retrieve, validated, deadline
                 )
-        except RagstreamError as exc:
+        except Exception as raised:
+            # the one error mapping: every failure becomes a status (an unexpected one INTERNAL)
+            exc = raised if isinstance(raised, RagstreamError) else UnexpectedError(raised)
             code = status_of(exc)
             request_id = request_id_or_new(request.request_id, self._retriever.config)
+            detail = client_message(exc, code, request_id)  # what the client may see
             # a shed call is counted by admission, not audited: a flood would flood the audit
             if tenant and not isinstance(exc, AuthenticationError | OverloadedError):
                 timings = {"total": (time.perf_counter() - started) * 1000}
-                pack = error_pack(request_id, exc.code, str(exc), tenant=tenant, timings_ms=timings)
+                pack = error_pack(request_id, exc.code, detail, tenant=tenant, timings_ms=timings)
                 self._retriever.record_failure(
                     pack, request.query_text, requested_at, code=go_code_name(code)
                 )
             # shed calls are summed up by admission's offenders line instead of one line each
             level = logging.DEBUG if isinstance(exc, OverloadedError) else logging.INFO
-            log.log(level, "Retrieve %s [%s]: %s", code.name, exc.code, exc)
-            trailer: tuple[tuple[str, str], ...] = ((ERROR_CODE_KEY, exc.code),)
+            if code in SERVER_SIDE:
+                level = logging.ERROR if code == grpc.StatusCode.INTERNAL else logging.WARNING
+            log.log(
+                level,
+                "Retrieve %s [%s] correlation id %s: %s",
+                code.name,
+                exc.code,
+                request_id,
+                exc,
+                exc_info=raised if exc is not raised else None,
+            )
+            trailer: tuple[tuple[str, str], ...] = (
+                (ERROR_CODE_KEY, exc.code),
+                (CORRELATION_ID_KEY, request_id),
+            )
             if isinstance(exc, OverloadedError):
                 trailer += exc.trailers()
-            await context.abort(code, f"{exc.code}: {exc}", trailing_metadata=trailer)
+            await context.abort(code, f"{exc.code}: {detail}", trailing_metadata=trailer)
             raise  # unreachable: abort raises
 
 

@@ -65,8 +65,8 @@ class RetrieveMetrics:
         )
         self.excluded = Counter(
             "ragstream_retrieve_excluded_total",
-            "Candidates excluded, by reason (deleted, stale, missing, below_threshold, "
-            "duplicate, filtered).",
+            "Candidates excluded, by reason (deleted, stale, missing, unverifiable, "
+            "sor_row_unreadable, below_threshold, duplicate, filtered).",
             ["reason"],
             registry=registry,
         )

@@ -99,6 +99,7 @@ class ExclusionReason(StrEnum):
     BELOW_THRESHOLD = "below_threshold"
     DUPLICATE = "duplicate"
     UNVERIFIABLE = "unverifiable"
+    SOR_ROW_UNREADABLE = "sor_row_unreadable"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 
 from ragcore.embedders.spec import EmbeddingSpec
-from ragcore.errors import ManifestMismatchError, MappingError
+from ragcore.errors import ManifestMismatchError, MappingError, SorRowError
 from ragcore.plan import Plan
 from ragcore.sor.base import SystemOfRecord
 from ragcore.sparse import Bm25Encoder
@@ -169,7 +169,8 @@ class SorRows:
 
     def fetch_entity(self, plan: Plan) -> Entity | None:
         """The row as the SoR has it now, or None when it is gone or soft-deleted; MappingError
-        when the entity's table is not mapped (nothing can be said about it)."""
+        when the entity's table is not mapped (nothing can be said about it), and its
+        `SorRowError` (a MappingError) when the row is there but cannot be mapped."""
         if plan.entity_id is None:
             return None
         if self._sor.catalog.for_entity(plan.entity_id) is None:
@@ -177,5 +178,7 @@ class SorRows:
                 f"{plan.entity_id!r} belongs to no mapped SoR table "
                 f"(mapped: {', '.join(m.label for m in self._sor.catalog)})"
             )
-        found = self._sor.fetch_entities(plan.tenant_id, [plan.entity_id])
-        return found.get(plan.entity_id)
+        found = self._sor.fetch_entities(plan.tenant_id, [plan.entity_id]).get(plan.entity_id)
+        if isinstance(found, SorRowError):
+            raise found  # an unreadable row is not a gone one: never delete its entity
+        return found

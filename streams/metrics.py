@@ -42,6 +42,7 @@ DLQ_CODES = (
     "UNSUPPORTED_OP",
     "MAPPING_ERROR",
     "SCHEMA_DRIFT",
+    "SOR_ROW_UNREADABLE",  # a re-read SoR row whose content cannot be mapped
     "INVALID_TENANT",
     "RECORD_TOO_LARGE",
     "CHUNKING_ERROR",

@@ -7,13 +7,15 @@ of the index's points), so its cost is linear in rows + points, and it is made t
 Repairs go through the worker's normal write path: each drifted entity is re-read from the SoR
 and upserted, or deleted when gone. Reconcile never repairs what it cannot see: indexed entities
 of a table that is not mapped (`unmapped`) or that the SoR reader cannot read (`unreadable`)
-are reported and left alone.
+are reported and left alone, and so is a SoR row that is there but cannot be mapped
+(`unreadable_rows`: its metadata is not JSON, its document cannot be read, ...): an
+unreadable row is not a missing one, so its indexed entity is neither extra nor stale.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,7 +27,7 @@ from ragcore.calibration_state import (
     CalibrationState,
     calibration_state,
 )
-from ragcore.errors import SorTableError
+from ragcore.errors import SorRowError, SorTableError
 from ragcore.mapping import table_of_entity
 from ragcore.sor.base import SystemOfRecord, tables_of
 from ragcore.store.base import (
@@ -40,12 +42,14 @@ from ragcore.store.base import (
 from ragcore.store.ids import TenantId
 from ragcore.store.points import CHUNK_COUNT
 from ragcore.store.registry import IndexRegistry
+from schemas.entities import Entity
 from streams.ingest import SorBatch, SorWriter
 
 #: Drift that repair fixes (re-read from the SoR).
 DRIFT_KINDS = ("missing", "extra", "stale")
-#: Indexed entities reconcile cannot judge: their table is not mapped, or cannot be read.
-BLIND_KINDS = ("unmapped", "unreadable")
+#: What reconcile cannot judge: indexed entities whose table is not mapped or cannot be read,
+#: and SoR rows that cannot be mapped (each logged by the SoR reader with its table and reason).
+BLIND_KINDS = ("unmapped", "unreadable", "unreadable_rows")
 
 
 @dataclass
@@ -57,6 +61,8 @@ class TableCounts:
     missing: int = 0
     extra: int = 0
     stale: int = 0
+    #: SoR rows that cannot be mapped (neither missing nor stale; never repaired)
+    unreadable_rows: int = 0
     #: why the SoR reader could not read the table (its entities were left alone)
     error: str | None = None
 
@@ -79,6 +85,9 @@ class ReconcileReport:
     unmapped: list[str] = field(default_factory=list)
     #: indexed entities of mapped tables the SoR reader cannot read (never repaired)
     unreadable: list[str] = field(default_factory=list)
+    #: SoR rows of the tenant that cannot be mapped, by entity id (a row whose key forms
+    #: none: its error); indexed or not, never repaired
+    unreadable_rows: list[str] = field(default_factory=list)
     tables: dict[str, TableCounts] = field(default_factory=dict)
     sor_seconds: float = 0.0
     index_seconds: float = 0.0
@@ -103,8 +112,9 @@ class ReconcileReport:
 
     @property
     def blind(self) -> int:
-        """Indexed entities reconcile could not judge (unmapped or unreadable tables)."""
-        return len(self.unmapped) + len(self.unreadable)
+        """What reconcile could not judge: indexed entities of unmapped or unreadable tables,
+        and unreadable SoR rows."""
+        return len(self.unmapped) + len(self.unreadable) + len(self.unreadable_rows)
 
     def to_dict(self, *, sample: int = 20) -> dict[str, Any]:
         """JSON form with counts and the first `sample` ids of each kind."""
@@ -140,7 +150,10 @@ class ReconcileMetrics:
         )
         self.drift = Gauge(
             "ragstream_reconcile_drift_entities",
-            "Entities out of step with the SoR at the last reconciliation, by kind.",
+            "Entities out of step with the SoR at the last reconciliation, by kind: missing, "
+            "extra, stale (drift); unmapped, unreadable (indexed entities of tables the SoR "
+            "reader cannot see) and unreadable_rows (SoR rows that cannot be mapped), never "
+            "repaired.",
             ["kind"],
             registry=registry,
         )
@@ -238,16 +251,15 @@ def reconcile(
         ids = by_table.pop(mapping.label, [])
         counts.indexed_entities = len(ids)
         try:
-            sor_hashes = {
-                e.entity_id: e.content_hash
-                for e in sor.scan(tenant, batch=batch, table=mapping.label)
-            }
+            sor_hashes, bad_rows = _sor_side(sor.scan(tenant, batch=batch, table=mapping.label))
         except SorTableError as exc:
             counts.error = str(exc)
             report.unreadable.extend(ids)
             continue
         counts.sor_entities = len(sor_hashes)
         report.sor_entities += len(sor_hashes)
+        counts.unreadable_rows = len(bad_rows)
+        report.unreadable_rows.extend(e.entity_id or str(e) for e in bad_rows)
         for entity_id, digest in sor_hashes.items():
             found = indexed.get(entity_id)
             if found is None:
@@ -256,9 +268,14 @@ def reconcile(
             elif _state(*found) != digest:
                 report.stale.append(entity_id)
                 counts.stale += 1
-        extra = [e for e in ids if e not in sor_hashes]
-        report.extra.extend(extra)
-        counts.extra = len(extra)
+        unreadable = {e.entity_id for e in bad_rows}
+        unseen = [e for e in ids if e not in sor_hashes and e not in unreadable]
+        if None in unreadable:
+            # a row whose key forms no entity id could be any of them: judge none
+            report.unreadable.extend(unseen)
+            continue
+        report.extra.extend(unseen)
+        counts.extra = len(unseen)
     for ids in by_table.values():
         report.unmapped.extend(ids)
     report.indexed_entities = sum(c.indexed_entities for c in report.tables.values()) + len(
@@ -281,6 +298,18 @@ def reconcile(
             report.repair_rejected += len(done.rejections)
         report.repair_seconds = round(time.perf_counter() - started, 3)
     return report
+
+
+def _sor_side(rows: Iterable[Entity | SorRowError]) -> tuple[dict[str, str], list[SorRowError]]:
+    """entity -> content hash of the rows scanned, and the rows that cannot be mapped."""
+    hashes: dict[str, str] = {}
+    bad: list[SorRowError] = []
+    for row in rows:
+        if isinstance(row, SorRowError):
+            bad.append(row)
+        else:
+            hashes[row.entity_id] = row.content_hash
+    return hashes, bad
 
 
 def _indexed(

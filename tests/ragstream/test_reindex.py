@@ -32,7 +32,7 @@ from pydantic import SecretStr
 
 from ragcore.embedders.base import Vectors, l2_normalize
 from ragcore.embedders.spec import EmbeddingSpec
-from ragcore.errors import IndexNotFoundError
+from ragcore.errors import IndexNotFoundError, SorRowError
 from ragcore.kafka_config import KafkaSettings
 from ragcore.plan import PlanConfig
 from ragcore.prepare import Preparer
@@ -312,6 +312,7 @@ def expected_index(sor: SystemOfRecord, spec: EmbeddingSpec) -> dict[str, dict[s
     preparer = Preparer(spec)
     out: dict[str, dict[str, str]] = {}
     for entity in sor.scan(TENANT):
+        assert isinstance(entity, Entity), entity  # the test's SoR has no unreadable row
         chunks = preparer.chunks(entity)
         if chunks:
             out[entity.entity_id] = {c.chunk_id: entity.content_hash for c in chunks}
@@ -462,6 +463,33 @@ def test_a_failing_parity_gate_leaves_the_old_version_active(stack_factory: Any)
     assert forced.new_version == 3 and registry.active_version(TENANT) == 3
 
 
+def test_unreadable_sor_rows_are_reported_and_the_reindex_goes_on(stack_factory: Any) -> None:
+    """A snapshot or catch-up scan meets rows that cannot be mapped: each is reported once
+    and left out; the rest is built, caught up and switched to."""
+    stack: Stack = stack_factory(HashEmbedder(V2))
+    load(stack, random.Random(14), 40)
+    # behind the stream's back: metadata that is not JSON, and JSON nested too deep
+    stack.source.sql(
+        "UPDATE entities SET metadata = to_jsonb(%s::text) WHERE id = 'ent-0003'",
+        ('{"format": "text"',),
+    )
+    stack.source.sql(
+        "UPDATE entities SET metadata = %s::jsonb WHERE id = 'ent-0017'",
+        ("[" * 3000 + "]" * 3000,),
+    )
+
+    report = stack.run_reindex(
+        settle_s=0, grace_s=0, parity=ParitySettings(sample=30, tolerance=0.5)
+    )
+
+    assert report.outcome == "switched", report.to_dict()
+    assert report.unreadable_rows == [eid("ent-0003"), eid("ent-0017")]
+    assert report.to_dict()["unreadable_rows_count"] == 2
+    assert report.written == 38 and report.catchup[-1]["behind_sor"] == 0
+    only = StoreFilter(tenant_id=TENANT, entity_ids=(eid("ent-0003"), eid("ent-0017")))
+    assert stack.store.count(f"rag__acme__v{report.new_version}", only) == 0
+
+
 def test_a_shared_tenant_outgrowing_the_threshold_is_promoted_by_reindex(
     stack_factory: Any,
 ) -> None:
@@ -554,7 +582,9 @@ class FlakySor:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def scan(self, tenant_id: str, batch: int = 500, table: str | None = None) -> Iterator[Entity]:
+    def scan(
+        self, tenant_id: str, batch: int = 500, table: str | None = None
+    ) -> Iterator[Entity | SorRowError]:
         for n, entity in enumerate(self.inner.scan(tenant_id, batch, table)):
             if not self.failed and n == self.fail_after:
                 self.failed = True

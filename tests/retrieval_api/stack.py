@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,6 +27,8 @@ from pydantic import SecretStr
 
 from ragcore.embedders.base import Embedder
 from ragcore.kafka_config import KafkaSettings
+from ragcore.mapping import TableMapping
+from ragcore.plan import PlanConfig
 from ragcore.prepare import Preparer
 from ragcore.settings import SorSettings, StoreSettings
 from ragcore.store.base import Placement, VectorStore
@@ -82,11 +84,16 @@ class Stack:
         tracing: Tracing | None = None,
         auth: AuthSettings | None = None,
         admission: AdmissionSettings | None = None,
+        tables: Sequence[TableMapping] = (),
+        retrieve_sor_dsn: str | None = None,
         **retrieval: Any,
     ) -> None:
         """`placement`: None for an engine store (dedicated collections), else the tiered
         store `ragstream` builds with every new tenant placed so; `tracing`: the server's
-        (default: off, whatever the environment says)."""
+        (default: off, whatever the environment says); `tables`: mapped tables beside the
+        stack's `entities` table (the test creates them; `record` makes their change
+        records); `retrieve_sor_dsn`: the SoR Retrieve verifies against (default: `dsn`,
+        which ingest reads)."""
         self.dsn = dsn
         self.table = f"entities_{uuid.uuid4().hex[:8]}"
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -98,7 +105,7 @@ class Stack:
         self.preparer = Preparer(embedder.spec)
         self.registry = CollectorRegistry()
         sor = SorSettings(kind="postgres", dsn=SecretStr(dsn))
-        plan = entities_plan(f"public.{self.table}")
+        plan = PlanConfig(tables=(*entities_plan(f"public.{self.table}").tables, *tables))
         store_settings = StoreSettings(data_dir=data_dir, new_tenants=placement)
         self.store: VectorStore = (
             EdgeStore(data_dir)
@@ -123,7 +130,9 @@ class Stack:
             ),
             admission=admission or AdmissionSettings(),
             store=store_settings,
-            sor=sor,
+            sor=sor
+            if retrieve_sor_dsn is None
+            else SorSettings(kind="postgres", dsn=SecretStr(retrieve_sor_dsn)),
             plan=plan,
             publish_enabled=False,
             retrieval=retrieval.get("retrieval", RetrieveSettings().retrieval),
@@ -219,17 +228,29 @@ class Stack:
             )
 
     def _record(
-        self, op: Op, before: dict[str, Any] | None, after: dict[str, Any] | None, key: str
+        self,
+        op: Op,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        key: str,
+        *,
+        table: str | None = None,
     ) -> RawRecord:
-        value = change_event(op, before=before, after=after, table=self.table, lsn=self.lsn)
+        table = table or self.table
+        value = change_event(op, before=before, after=after, table=table, lsn=self.lsn)
         self.offset = getattr(self, "offset", -1) + 1
         return RawRecord(
-            topic=topic_for(table=self.table),
+            topic=topic_for(table=table),
             partition=0,
             offset=self.offset,
             key=encode_key({"id": key}),
             value=encode_value(value),
         )
+
+    def record(self, table: str, op: Op, after: dict[str, Any], key: str) -> RawRecord:
+        """The change record of a row of another mapped table (`tables`), keyed by `id`."""
+        self._tick()
+        return self._record(op, None, after, key, table=table)
 
     def ingest(self, *records: RawRecord) -> None:
         """Run records through the real ingest handler (what the worker does per batch)."""

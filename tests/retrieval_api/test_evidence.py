@@ -256,6 +256,7 @@ class State:
     deleted: bool = False
     content_hash: str | None = None
     mapped: bool = True
+    row_error: str | None = None
 
 
 def test_verdicts_from_the_sor_state_of_each_entity() -> None:
@@ -278,6 +279,11 @@ def test_verdicts_from_the_sor_state_of_each_entity() -> None:
     }
     del states["e"]
     assert verdicts_from_sor(ranking.survivors, states)["e:chunk:0"] is Verdict.MISSING
+    # a row that cannot be judged is neither OK nor stale; a soft-deleted one is deleted
+    states["a"] = State(row_error="MAPPING_ERROR")
+    states["c"] = State(deleted=True, row_error="RecursionError")
+    judged = verdicts_from_sor(ranking.survivors, states)
+    assert (judged["a:chunk:0"], judged["c:chunk:0"]) == (Verdict.UNREADABLE, Verdict.DELETED)
 
 
 def test_unverifiable_hits_are_excluded_and_never_asked_to_be_reindexed() -> None:
@@ -285,6 +291,16 @@ def test_unverifiable_hits_are_excluded_and_never_asked_to_be_reindexed() -> Non
     assert "a:chunk:0" not in [r.chunk_id for r in pack.results]
     assert [(x.chunk_id, x.reason) for x in pack.excluded] == [
         ("a:chunk:0", pb.EXCLUSION_REASON_UNVERIFIABLE)
+    ]
+    assert reindex_requests(pack) == []
+
+
+def test_unreadable_rows_are_excluded_with_their_reason_and_never_asked_to_be_reindexed() -> None:
+    pack = pack_for({**ALL_OK, "a:chunk:0": Verdict.UNREADABLE})
+    assert "a:chunk:0" not in [r.chunk_id for r in pack.results]
+    assert pack.results  # the other hits are served
+    assert [(x.chunk_id, x.reason) for x in pack.excluded] == [
+        ("a:chunk:0", pb.EXCLUSION_REASON_SOR_ROW_UNREADABLE)
     ]
     assert reindex_requests(pack) == []
 

@@ -24,10 +24,12 @@ from ragcore.settings import SorSettings, StoreSettings
 from ragcore.sparse import Bm25Encoder
 from ragcore.store.base import Placement, StoreFilter
 from ragcore.store.edge import EdgeStore
+from ragcore.store.ids import TenantId
 from ragdev.services.postgres import PostgresCluster
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.events import Op, RawRecord
 from streams.app import IngestWorker, build_worker
+from streams.ingest import SorBatch
 from streams.reconcile import ReconcileMetrics, ReconcileReport, reconcile
 from streams.settings import IngestSettings
 from tests.streams.support import HashEmbedder, content, eid, entities_plan, index_snapshot
@@ -250,3 +252,76 @@ def test_a_write_to_a_version_a_reindex_dropped_is_retried_on_fresh_targets(
     assert "re-reading the index targets" in caplog.text
     only = StoreFilter(tenant_id="acme", entity_ids=(eid("ent-2"),))
     assert store.count("rag__acme__v2", only) == 1
+
+
+def test_an_unreadable_row_is_reported_and_the_run_goes_on_without_repairing_it(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    rng = random.Random(8)
+    for n in range(5):
+        env.put(f"ent-{n}", content(rng, 3))
+    worker = env.worker
+    index = worker.registry.manifest("acme", 1).index_name
+    # an indexed row whose metadata stops being JSON, a row never indexed whose metadata is
+    # nested deeper than Python parses, and after both (in key order) real drift
+    env.sql(
+        "UPDATE entities SET metadata = to_jsonb(%s::text) WHERE id = 'ent-1'",
+        ('{"format": "text"',),
+    )
+    env.sql(
+        "INSERT INTO entities (id, company_id, content, metadata)"
+        " VALUES ('ent-0b', 'acme', 'Deep.', %s::jsonb)",
+        ("[" * 3000 + "]" * 3000,),
+    )
+    indexed = env.store.entity_chunks(index, "acme", eid("ent-1"))
+    assert indexed
+    env.store.delete_by_entity(index, "acme", eid("ent-4"))
+
+    with caplog.at_level("WARNING", logger="ragcore.sor.base"):
+        (report,) = worker.reconcile_once(repair=True)  # the scheduled run's pass
+    assert sorted(report.unreadable_rows) == [eid("ent-0b"), eid("ent-1")]
+    assert report.tables["entities"].unreadable_rows == 2
+    # an unreadable row is not a missing one: neither extra nor stale, never repaired away
+    assert (report.missing, report.extra, report.stale) == ([eid("ent-4")], [], [])
+    assert report.repaired == 1
+    assert env.store.entity_chunks(index, "acme", eid("ent-1")) == indexed
+    assert report.to_dict()["unreadable_rows"] == {
+        "count": 2,
+        "ids": [eid("ent-0b"), eid("ent-1")],
+    }
+    assert worker.reconcile_metrics.drift.labels("unreadable_rows")._value.get() == 2
+    lines = [r.getMessage() for r in caplog.records if "SoR row unreadable" in r.getMessage()]
+    assert len(lines) == 2
+    for entity_id in (eid("ent-0b"), eid("ent-1")):
+        (line,) = [x for x in lines if f"entity {entity_id}," in x]
+        assert f"table {env.schema}.entities" in line and "column metadata" in line
+    assert worker.sor is not None
+    again = reconcile("acme", sor=worker.sor, store=env.store, registry=worker.registry)
+    assert (again.drift, len(again.unreadable_rows)) == (0, 2)
+
+
+def test_a_reread_rejects_an_unreadable_row_alone_and_never_deletes_it(env: Env) -> None:
+    """Re-reads (a repair, a reindex request, a catch-up) go through `SorRows`: a row that
+    cannot be mapped is that entity's rejection (SOR_ROW_UNREADABLE); the other ids of the same
+    batch are re-read, and the unreadable one keeps its chunks (it is not gone)."""
+    rng = random.Random(9)
+    for n in range(3):
+        env.put(f"ent-{n}", content(rng, 3))
+    index = env.worker.registry.manifest("acme", 1).index_name
+    env.sql(
+        "UPDATE entities SET metadata = to_jsonb(%s::text) WHERE id = 'ent-0'",
+        ('{"format": "text"',),
+    )
+    env.sql("UPDATE entities SET content = 'Changed without an event.' WHERE id = 'ent-1'")
+    env.sql("DELETE FROM entities WHERE id = 'ent-2'")
+    kept = env.store.entity_chunks(index, "acme", eid("ent-0"))
+
+    done = env.worker.handler.apply_rows(
+        SorBatch(TenantId("acme"), "reconcile", reread=(eid("ent-0"), eid("ent-1"), eid("ent-2")))
+    )
+    (rejected,) = done.rejections
+    assert (rejected.entity_id, rejected.code) == (eid("ent-0"), "SOR_ROW_UNREADABLE")
+    assert "metadata" in rejected.reason
+    assert sorted(done.changed) == [eid("ent-1"), eid("ent-2")]
+    assert env.store.entity_chunks(index, "acme", eid("ent-0")) == kept
+    assert env.store.entity_chunks(index, "acme", eid("ent-2")) == {}

@@ -5,18 +5,31 @@ Subclass `SystemOfRecordContract` and override the `sor` fixture: a reader over 
 `order_lines` with a composite key, content from two columns and its own tenant column, and
 `parts` with a constant tenant and a JSON column as content), read through `CATALOG` (which also
 maps a `ghosts` table the SoR does not have) with `hasher`.
+
+Tenant `initech` holds the rows that cannot be mapped: `BAD_ROWS` in `entities` (metadata that
+is not JSON, JSON nested deeper than Python parses, a timestamp Python cannot hold) and `FILES`
+in `files`, a document table whose rows reference files under a root directory
+(`with_document_root`; `write_documents` writes them, but never `f2.csv`: its file was
+deleted). The `set_metadata` fixture writes the metadata column of one `entities` row.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from ragcore.errors import ConfigError, SorTableError
+from ragcore.documents import DocumentSource
+from ragcore.errors import ConfigError, SorRowError, SorTableError
 from ragcore.mapping import TableCatalog, TableMapping
 from ragcore.sor.base import SorVerdict, SystemOfRecord
-from schemas.entities import ContentFormat
+from schemas.entities import ContentFormat, Entity
 from tests.streams.support import order_lines_mapping
 
 
@@ -59,7 +72,77 @@ PARTS_TABLE = TableMapping(
 )
 #: mapped, but no such table exists in the SoR
 GHOSTS = TableMapping(table="public.ghosts", content_columns=("content",))
-CATALOG = TableCatalog([TableMapping(), ORDER_LINES, PARTS_TABLE, GHOSTS], "sor")
+#: a document table: each row references a CSV file under the root (`with_document_root`)
+FILES_TABLE = TableMapping(
+    table="public.files",
+    key_columns=("id",),
+    tenant_column=None,
+    tenant="initech",
+    type_column=None,
+    title_column="title",
+    metadata_column=None,
+    content_hash_column=None,
+    created_at_column=None,
+    updated_at_column=None,
+    deleted_at_column=None,
+    document=DocumentSource(
+        column="path", kind="reference", root=Path("/set-by-the-fixture"), format_column="kind"
+    ),
+)
+CATALOG = TableCatalog([TableMapping(), ORDER_LINES, PARTS_TABLE, GHOSTS, FILES_TABLE], "sor")
+
+#: JSON nested deeper than Python's parser goes (PostgreSQL stores it as jsonb)
+DEEP_JSON = "[" * 3000 + "]" * 3000
+NOT_JSON = '{"format": "text"'
+#: tenant initech's rows in `entities` (content: `bad_row_content`): id -> (metadata text,
+#: whether updated_at is a timestamp Python can hold, stored hash, soft-deleted)
+BAD_ROWS = {
+    "i1": ('{"format": "text"}', True, None, False),  # readable: the others must not hide it
+    "b-json": (NOT_JSON, True, None, False),
+    "b-deep": (DEEP_JSON, True, None, False),
+    "b-time": ('{"format": "text"}', False, None, False),  # updated_at Python cannot hold
+    "b-hashed": (NOT_JSON, True, "hb", False),  # a stored hash: a verdict reads no content
+    "b-gone": (NOT_JSON, True, None, True),  # soft-deleted: deleted, whatever its content
+}
+
+
+def bad_row_content(key: str) -> str:
+    """The content column of a `BAD_ROWS` row."""
+    return f"Initech row {key}."
+
+
+#: the `files` rows: id, title, format, path under the document root
+FILES = [("f1", "Pump sheet", "csv", "f1.csv"), ("f2", "Valve sheet", "csv", "f2.csv")]
+FILE_BODY = b"part,flow\nP-1,40 m3/h\n"
+
+
+def write_documents(root: Path) -> Path:
+    """The document root of `FILES`: f1.csv only (f2.csv was deleted)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "f1.csv").write_bytes(FILE_BODY)
+    return root
+
+
+def with_document_root(catalog: TableCatalog, root: Path) -> TableCatalog:
+    """`catalog` with the document table's files under `root`."""
+    return TableCatalog(
+        [
+            m
+            if m.document is None
+            else m.model_copy(update={"document": m.document.model_copy(update={"root": root})})
+            for m in catalog
+        ],
+        "sor",
+    )
+
+
+def entities(rows: Iterable[Entity | SorRowError]) -> list[Entity]:
+    """Rows a test expects to be readable, each checked to be an entity."""
+    out = []
+    for row in rows:
+        assert isinstance(row, Entity), row
+        out.append(row)
+    return out
 
 
 class SystemOfRecordContract:
@@ -116,6 +199,7 @@ class SystemOfRecordContract:
         part = sor.verify("globex", ["parts:GX-300"])["parts:GX-300"]
         assert part.exists is True
         fetched = sor.fetch_entities("globex", ["parts:GX-300"])["parts:GX-300"]
+        assert isinstance(fetched, Entity), fetched
         # the JSON column is rendered as lines (JSONB keeps its own key order: compare as a set)
         head, _, spec = fetched.content.partition("\n\n")
         assert (head, set(spec.splitlines())) == ("seal", {"material: duplex", "bar: 16"})
@@ -124,14 +208,15 @@ class SystemOfRecordContract:
     def test_fetch_entities_skips_soft_deleted_and_maps_like_ingest(
         self, sor: SystemOfRecord
     ) -> None:
-        entities = sor.fetch_entities(
+        found = sor.fetch_entities(
             None, ["entities:e1", "entities:e3", "entities:e4", "order_lines:1001,1", "invoices:1"]
         )
-        assert sorted(entities) == ["entities:e1", "entities:e4", "order_lines:1001,1"]
-        assert entities["entities:e1"].tenant_id == "acme"
-        assert entities["entities:e1"].content == "Refunds within 30 days."
-        assert entities["entities:e1"].version.updated_at_us is not None
-        line = entities["order_lines:1001,1"]
+        assert sorted(found) == ["entities:e1", "entities:e4", "order_lines:1001,1"]
+        fetched = dict(zip(found, entities(found.values()), strict=True))
+        assert fetched["entities:e1"].tenant_id == "acme"
+        assert fetched["entities:e1"].content == "Refunds within 30 days."
+        assert fetched["entities:e1"].version.updated_at_us is not None
+        line = fetched["order_lines:1001,1"]
         assert (line.tenant_id, line.title) == ("acme", "Seal kit K-27")
         assert line.content == "Seal kit K-27\n\nUrgent, ship by air."
         assert sor.fetch_entities("globex", ["entities:e1", "entities:e4"]).keys() == {
@@ -142,16 +227,17 @@ class SystemOfRecordContract:
             sor.fetch_entities(None, ["ghosts:g1"])
 
     def test_scan_pages_through_live_rows_table_by_table(self, sor: SystemOfRecord) -> None:
-        assert [e.entity_id for e in sor.scan("acme", batch=1, table="entities")] == [
+        assert [e.entity_id for e in entities(sor.scan("acme", batch=1, table="entities"))] == [
             "entities:e1",
             "entities:e2",
         ]
         # keyset pages over a composite key
-        assert [e.entity_id for e in sor.scan("acme", batch=1, table="order_lines")] == [
+        lines = entities(sor.scan("acme", batch=1, table="order_lines"))
+        assert [e.entity_id for e in lines] == [
             "order_lines:1001,1",
             "order_lines:1001,2",
         ]
-        assert [e.entity_id for e in sor.scan("globex", table="parts")] == [
+        assert [e.entity_id for e in entities(sor.scan("globex", table="parts"))] == [
             "parts:GX-300",
             "parts:GX-410",
         ]
@@ -162,3 +248,133 @@ class SystemOfRecordContract:
             list(sor.scan("acme", table="ghosts"))
         with pytest.raises(ConfigError, match="no mapped table 'invoices'"):
             list(sor.scan("acme", table="invoices"))
+
+    # --- rows that cannot be mapped: each one's own fault, never the call's -------------------
+
+    @pytest.fixture
+    def set_metadata(self) -> Callable[[str, str], None]:
+        """Writes the metadata column of one `entities` row (key, text) in the reader's SoR."""
+        raise NotImplementedError("subclasses provide the set_metadata fixture")
+
+    def test_verify_judges_every_row_and_excludes_none_for_anothers_fault(
+        self, sor: SystemOfRecord, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        ids = [f"entities:{k}" for k in BAD_ROWS] + ["entities:nope", "files:f1", "files:f2"]
+        with caplog.at_level(logging.WARNING, logger="ragcore.sor.base"):
+            verdicts = sor.verify("initech", ids)
+        good = verdicts["entities:i1"]
+        assert (good.exists, good.row_error) == (True, None)
+        assert good.content_hash == hasher(bad_row_content("i1"), ContentFormat.TEXT)
+        reasons = {k: verdicts[f"entities:{k}"].row_error for k in ("b-json", "b-deep", "b-time")}
+        # a MappingError keeps its code; what Python itself raises is named by its type
+        assert reasons["b-json"] == "MAPPING_ERROR"
+        assert reasons["b-deep"] in {"RecursionError", "VALUE_UNDECODABLE"}
+        assert reasons["b-time"] in {"MAPPING_ERROR", "VALUE_UNDECODABLE"}
+        for key in ("b-json", "b-deep", "b-time"):
+            verdict = verdicts[f"entities:{key}"]
+            assert (verdict.exists, verdict.mapped, verdict.deleted) == (True, True, False)
+            assert verdict.content_hash is None
+        # a stored hash is read without the content, so bad metadata does not matter
+        assert verdicts["entities:b-hashed"] == SorVerdict(
+            "entities:b-hashed", True, False, "hb", "KNOWLEDGE_ARTIFACT"
+        )
+        # soft deletion is read without the content too: a deleted row is deleted
+        assert verdicts["entities:b-gone"].deleted is True
+        assert verdicts["entities:nope"] == SorVerdict("entities:nope", False)
+        assert verdicts["files:f1"].content_hash == hasher(
+            verdicts_content(sor, "files:f1"), ContentFormat.CSV
+        )
+        assert verdicts["files:f2"].row_error == "DOCUMENT_UNAVAILABLE"
+        # one line per unreadable row, naming its table, entity and reason
+        lines = [r.getMessage() for r in caplog.records if "SoR row unreadable" in r.getMessage()]
+        assert len(lines) == 4, lines
+        for entity_id, reason in [
+            ("entities:b-json", "MAPPING_ERROR"),
+            ("files:f2", "DOCUMENT_UNAVAILABLE"),
+        ]:
+            (line,) = [x for x in lines if f"entity {entity_id}," in x]
+            assert f"reason {reason}" in line and "table " in line
+
+    def test_fetch_entities_returns_the_readable_rows_and_each_bad_ones_error(
+        self, sor: SystemOfRecord
+    ) -> None:
+        ids = [f"entities:{k}" for k in BAD_ROWS] + ["files:f1", "files:f2"]
+        found = sor.fetch_entities(None, ids)
+        # the soft-deleted row is left out as ever, whatever its content
+        assert sorted(found) == sorted(set(ids) - {"entities:b-gone"})
+        assert isinstance(found["entities:i1"], Entity)
+        assert isinstance(found["files:f1"], Entity)
+        assert found["files:f1"].content_format is ContentFormat.CSV
+        columns = {}
+        for entity_id in ("entities:b-json", "entities:b-deep", "entities:b-time", "files:f2"):
+            error = found[entity_id]
+            assert isinstance(error, SorRowError), error
+            assert (error.code, error.entity_id) == ("SOR_ROW_UNREADABLE", entity_id)
+            assert error.table.endswith((".entities", ".files"))
+            assert error.table in str(error) and entity_id in str(error)
+            columns[entity_id] = error.column
+        assert columns == {
+            "entities:b-json": "metadata",
+            "entities:b-deep": "metadata",
+            "entities:b-time": "updated_at",
+            "files:f2": "path",
+        }
+        # a stored hash does not make bad metadata mappable: the entity needs it
+        hashed = found["entities:b-hashed"]
+        assert isinstance(hashed, SorRowError) and hashed.column == "metadata"
+        assert "MappingError" in str(hashed)  # the cause's type is named
+
+    def test_scan_reports_each_bad_row_and_goes_on(self, sor: SystemOfRecord) -> None:
+        rows = [
+            *sor.scan("initech", batch=2, table="entities"),
+            *sor.scan("initech", table="files"),
+        ]
+        read = [r.entity_id for r in rows if isinstance(r, Entity)]
+        unreadable = [r.entity_id for r in rows if isinstance(r, SorRowError)]
+        # in key order; the deleted row is not live
+        assert read == ["entities:i1", "files:f1"]
+        assert unreadable == [
+            "entities:b-deep",
+            "entities:b-hashed",
+            "entities:b-json",
+            "entities:b-time",
+            "files:f2",
+        ]
+        assert sor.count("initech", table="entities") + sor.count("initech", table="files") == 7
+
+    @settings(
+        max_examples=40,
+        deadline=None,
+        # the fixture writes the one row each example reads; each reader is its own subclass
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+        ],
+    )
+    @given(metadata=st.text(alphabet=st.characters(exclude_characters="\x00"), max_size=60))
+    def test_any_metadata_text_is_a_verdict_never_an_error(
+        self, sor: SystemOfRecord, set_metadata: Callable[[str, str], None], metadata: str
+    ) -> None:
+        set_metadata("i1", metadata)
+        verdict = sor.verify("initech", ["entities:i1"])["entities:i1"]
+        fetched = sor.fetch_entities("initech", ["entities:i1"])["entities:i1"]
+        assert verdict.exists and verdict.mapped
+        # verification and the re-read agree on whether the row can be mapped
+        assert (verdict.row_error is None) == isinstance(fetched, Entity)
+        if isinstance(fetched, Entity):
+            assert verdict.content_hash == fetched.content_hash
+        else:
+            assert verdict.content_hash is None and fetched.column == "metadata"
+            try:
+                parsed = json.loads(metadata) if metadata.strip() else {}
+            except (ValueError, RecursionError):
+                parsed = None
+            # only metadata that is not an object (or names an unknown format) is at fault
+            assert not isinstance(parsed, dict) or "format" in parsed
+
+
+def verdicts_content(sor: SystemOfRecord, entity_id: str) -> str:
+    """The content a re-read maps the entity to (what its verdict's hash is of)."""
+    fetched = sor.fetch_entities(None, [entity_id])[entity_id]
+    assert isinstance(fetched, Entity), fetched
+    return fetched.content

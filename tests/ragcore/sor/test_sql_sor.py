@@ -5,33 +5,46 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from pydantic import ValidationError
 
-from ragcore.errors import ConfigError
+from ragcore.errors import ConfigError, SorRowError
 from ragcore.mapping import TableCatalog, TableMapping
 from ragcore.sor.base import SystemOfRecord, quote_ident
 from ragcore.sor.sql import PostgresSor, SorUnavailableError, SqliteSor
 from ragdev.services.postgres import PostgresCluster
 from tests.ragcore.sor.contract import (
+    BAD_ROWS,
     CATALOG,
+    DEEP_JSON,
+    FILES,
     LINES,
     PARTS,
     ROWS,
     SystemOfRecordContract,
+    bad_row_content,
+    entities,
     hasher,
+    with_document_root,
+    write_documents,
 )
 
 SQL_DIR = Path(__file__).resolve().parents[3] / "schemas" / "sql"
 
 
 @pytest.fixture
-def pg_sor(postgres: PostgresCluster) -> Iterator[PostgresSor]:
-    schema = f"t{uuid.uuid4().hex[:8]}"
+def pg_schema() -> str:
+    """The schema of one test's PostgreSQL SoR."""
+    return f"t{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def pg_sor(postgres: PostgresCluster, pg_schema: str, tmp_path: Path) -> Iterator[PostgresSor]:
+    schema = pg_schema
     with psycopg.connect(postgres.dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}".encode())
         conn.execute(f"SET search_path TO {schema}".encode())
@@ -50,8 +63,22 @@ def pg_sor(postgres: PostgresCluster) -> Iterator[PostgresSor]:
         conn.cursor().executemany("INSERT INTO order_lines VALUES (%s, %s, %s, %s, %s)", LINES)
         conn.execute("CREATE TABLE parts (part_no text PRIMARY KEY, kind text, spec jsonb)")
         conn.cursor().executemany("INSERT INTO parts VALUES (%s, %s, %s::jsonb)", PARTS)
+        for key, (metadata, timely, h, deleted) in BAD_ROWS.items():
+            # JSON PostgreSQL accepts is stored as jsonb; text that is not JSON as a jsonb
+            # string (what a writer storing JSON text in a jsonb column gets back)
+            as_json = metadata == DEEP_JSON or metadata.startswith('{"format": "text"}')
+            conn.execute(
+                "INSERT INTO entities (id, company_id, content, content_hash, metadata,"
+                " updated_at, deleted_at) VALUES (%s, 'initech', %s, %s,"
+                f" {'%s::jsonb' if as_json else 'to_jsonb(%s::text)'},"
+                " CASE WHEN %s THEN now() ELSE 'infinity' END, CASE WHEN %s THEN now() END)",
+                (key, bad_row_content(key), h, metadata, timely, deleted),
+            )
+        conn.execute("CREATE TABLE files (id text PRIMARY KEY, title text, kind text, path text)")
+        conn.cursor().executemany("INSERT INTO files VALUES (%s, %s, %s, %s)", FILES)
+    catalog = with_document_root(_in(schema), write_documents(tmp_path / "docs"))
     sor = PostgresSor(
-        f"{postgres.dsn} options='-c search_path={schema}'", catalog=_in(schema), hasher=hasher
+        f"{postgres.dsn} options='-c search_path={schema}'", catalog=catalog, hasher=hasher
     )
     yield sor
     sor.close()
@@ -95,9 +122,26 @@ def sqlite_sor(tmp_path: Path) -> Iterator[SqliteSor]:
     conn.executemany("INSERT INTO order_lines VALUES (?, ?, ?, ?, ?)", LINES)
     conn.execute("CREATE TABLE parts (part_no TEXT PRIMARY KEY, kind TEXT, spec TEXT)")
     conn.executemany("INSERT INTO parts VALUES (?, ?, ?)", PARTS)
+    for key, (metadata, timely, h, deleted) in BAD_ROWS.items():
+        conn.execute(
+            "INSERT INTO entities (id, company_id, content, content_hash, metadata,"
+            " created_at, updated_at, deleted_at) VALUES (?, 'initech', ?, ?, ?, ?, ?, ?)",
+            (
+                key,
+                bad_row_content(key),
+                h,
+                metadata,
+                "2024-01-01T00:00:00Z",
+                "2024-01-02T00:00:00Z" if timely else "not a time",
+                "2024-01-03T00:00:00Z" if deleted else None,
+            ),
+        )
+    conn.execute("CREATE TABLE files (id TEXT PRIMARY KEY, title TEXT, kind TEXT, path TEXT)")
+    conn.executemany("INSERT INTO files VALUES (?, ?, ?, ?)", FILES)
     conn.commit()
     conn.close()
-    sor = SqliteSor(path, catalog=CATALOG, hasher=hasher)
+    catalog = with_document_root(CATALOG, write_documents(tmp_path / "docs"))
+    sor = SqliteSor(path, catalog=catalog, hasher=hasher)
     yield sor
     sor.close()
 
@@ -108,12 +152,36 @@ class TestPostgresSor(SystemOfRecordContract):
     def sor(self, pg_sor: PostgresSor) -> SystemOfRecord:
         return pg_sor
 
+    @pytest.fixture
+    def set_metadata(
+        self, pg_sor: PostgresSor, postgres: PostgresCluster, pg_schema: str
+    ) -> Callable[[str, str], None]:
+        def write(key: str, metadata: str) -> None:
+            with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+                conn.execute(
+                    f"UPDATE {pg_schema}.entities SET metadata = to_jsonb(%s::text)"
+                    " WHERE id = %s".encode(),
+                    (metadata, key),
+                )
+
+        return write
+
 
 @pytest.mark.integration
 class TestSqliteSor(SystemOfRecordContract):
     @pytest.fixture
     def sor(self, sqlite_sor: SqliteSor) -> SystemOfRecord:
         return sqlite_sor
+
+    @pytest.fixture
+    def set_metadata(self, sqlite_sor: SqliteSor, tmp_path: Path) -> Callable[[str, str], None]:
+        def write(key: str, metadata: str) -> None:
+            conn = sqlite3.connect(tmp_path / "sor.db")
+            with conn:
+                conn.execute("UPDATE entities SET metadata = ? WHERE id = ?", (metadata, key))
+            conn.close()
+
+        return write
 
 
 @pytest.mark.unit
@@ -127,21 +195,49 @@ def test_identifiers_are_checked_before_they_reach_sql() -> None:
 
 
 @pytest.mark.integration
-def test_unreachable_postgres_is_a_typed_unavailable_error() -> None:
+def test_unreachable_postgres_is_a_typed_unavailable_error_naming_the_server() -> None:
     from ragdev.services.tansu import free_port
 
+    port = free_port()
     sor = PostgresSor(
-        f"host=127.0.0.1 port={free_port()} user=postgres connect_timeout=1",
+        f"host=127.0.0.1 port={port} user=sor_reader password=hunter2-pw dbname=erp "
+        "connect_timeout=1",
         catalog=CATALOG,
         hasher=hasher,
         min_size=0,
         timeout_s=1.0,
     )
     try:
-        with pytest.raises(SorUnavailableError, match="PostgreSQL unavailable"):
+        with pytest.raises(SorUnavailableError, match=r"PostgreSQL .*unavailable") as err:
             sor.check()
     finally:
         sor.close()
+    # the server log learns where the SoR is (a pool timeout alone does not say), never the
+    # password
+    message = str(err.value)
+    assert f"host=127.0.0.1 port={port} user=sor_reader dbname=erp" in message
+    assert "hunter2" not in message
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("dsn", "text"),
+    [
+        ("host=db user=bob password=s3cr3t-pw", "libpq: password=s3cr3t-pw rejected"),
+        # libpq echoes a DSN it cannot parse: an unquoted space in the password
+        ("host=db user=bob password=s3cr3t two", 'missing "=" after "two" in connection info'),
+        ("host=db user=bob password='s3cr3t two'", "password s3cr3t two rejected"),
+        ("postgresql://bob:s3cr3t-pw@db:5432/erp", "cannot parse postgresql://bob:s3cr3t-pw@db"),
+        ("postgresql://bob:s3cr3t-pw@db:5432/erp", "echo of the bare s3cr3t-pw"),
+    ],
+)
+def test_sor_messages_never_carry_the_dsns_password(dsn: str, text: str) -> None:
+    from ragcore.sor.sql import redact
+
+    cleaned = redact(text, dsn)
+    assert "s3cr3t" not in cleaned and "two" not in cleaned
+    assert "***" in cleaned
+    assert "bob" in redact("user bob failed", dsn)  # the user stays (the server log needs it)
 
 
 @pytest.fixture(params=["postgres", "sqlite"])
@@ -247,7 +343,7 @@ def test_a_mapped_columns_type_change_leaves_the_sor_readable(
     table = next(m.table for m in pg_sor.catalog if m.table_name == "entities")
 
     def scan() -> list[str]:
-        return [e.entity_id for e in pg_sor.scan(tenant, table="entities")]
+        return [e.entity_id for e in entities(pg_sor.scan(tenant, table="entities"))]
 
     before = scan()
     assert before
@@ -256,3 +352,40 @@ def test_a_mapped_columns_type_change_leaves_the_sor_readable(
     with psycopg.connect(postgres.dsn, autocommit=True) as conn:
         conn.execute(f"ALTER TABLE {table} ALTER COLUMN name TYPE varchar(200)".encode())
     assert scan() == before
+
+
+@pytest.mark.integration
+def test_a_row_whose_key_forms_no_entity_id_is_never_taken_for_a_missing_one(
+    tmp_path: Path,
+) -> None:
+    # a REAL key: SQLite finds the row for the id's text, but a float forms no entity id
+    path = tmp_path / "gauges.db"
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("CREATE TABLE gauges (id REAL PRIMARY KEY, org TEXT, reading TEXT)")
+        conn.execute("INSERT INTO gauges VALUES (1.5, 'acme', 'pressure ok')")
+    conn.close()
+    gauges = TableMapping(
+        table="public.gauges",
+        key_columns=("id",),
+        tenant_column="org",
+        type_column=None,
+        title_column=None,
+        content_columns=("reading",),
+        metadata_column=None,
+        content_hash_column=None,
+        created_at_column=None,
+        updated_at_column=None,
+        deleted_at_column=None,
+    )
+    sor = SqliteSor(path, catalog=TableCatalog([gauges], "sor"), hasher=hasher)
+    try:
+        verdict = sor.verify("acme", ["gauges:1.5"])["gauges:1.5"]
+        assert (verdict.exists, verdict.row_error) == (True, "MAPPING_ERROR")
+        fetched = sor.fetch_entities("acme", ["gauges:1.5"])["gauges:1.5"]
+        assert isinstance(fetched, SorRowError) and fetched.entity_id == "gauges:1.5"
+        (scanned,) = sor.scan("acme")
+        assert isinstance(scanned, SorRowError) and scanned.entity_id is None
+        assert "key (id=1.5)" in str(scanned) and "public.gauges" in str(scanned)
+    finally:
+        sor.close()

@@ -135,6 +135,12 @@ class _ExclusionReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Exclu
     """The entity's SoR table is not mapped, or cannot be read: it can be neither confirmed nor
     denied, so it is no evidence (and no reindex request is made).
     """
+    EXCLUSION_REASON_SOR_ROW_UNREADABLE: _ExclusionReason.ValueType  # 8
+    """The entity's SoR row is there but cannot be judged: its content cannot be mapped (metadata
+    that is not a JSON object, a referenced document that cannot be read, a timestamp out of
+    range, ...). It is no evidence, no reindex request is made (a re-read fails the same way),
+    and the server logs the row's table, entity id and reason.
+    """
 
 class ExclusionReason(_ExclusionReason, metaclass=_ExclusionReasonEnumTypeWrapper): ...
 
@@ -156,6 +162,12 @@ EXCLUSION_REASON_DUPLICATE: ExclusionReason.ValueType  # 6
 EXCLUSION_REASON_UNVERIFIABLE: ExclusionReason.ValueType  # 7
 """The entity's SoR table is not mapped, or cannot be read: it can be neither confirmed nor
 denied, so it is no evidence (and no reindex request is made).
+"""
+EXCLUSION_REASON_SOR_ROW_UNREADABLE: ExclusionReason.ValueType  # 8
+"""The entity's SoR row is there but cannot be judged: its content cannot be mapped (metadata
+that is not a JSON object, a referenced document that cannot be read, a timestamp out of
+range, ...). It is no evidence, no reindex request is made (a re-read fails the same way),
+and the server logs the row's table, entity id and reason.
 """
 Global___ExclusionReason: _TypeAlias = ExclusionReason  # noqa: Y015
 
