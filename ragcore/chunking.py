@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import re
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -133,11 +133,13 @@ def _chunk_segments(
     chunks: list[Chunk] = []
     for segment in text.segments:
         part = text.text[segment.start : segment.end]
+        # where each line of a spreadsheet block starts (a chunk's rows are its lines)
+        line_starts = _line_starts(part) if segment.rows else []
         for sub in chunk_text(entity_id, part, counter, config, ContentFormat.TEXT):
             index = len(chunks)
             start = segment.start + sub.locator.char_start
             end = segment.start + sub.locator.char_end
-            rows = _rows_of(part, segment, sub.locator.char_start, sub.locator.char_end)
+            rows = _rows_of(line_starts, segment, sub.locator.char_start, sub.locator.char_end)
             path = segment.path
             if rows is not None and segment.rows:
                 label = f"row {rows[0]}" if rows[0] == rows[1] else f"rows {rows[0]}-{rows[1]}"
@@ -165,21 +167,35 @@ def _chunk_segments(
     return chunks
 
 
-def _rows_of(part: str, segment: TextSegment, start: int, end: int) -> tuple[int, int] | None:
-    """The first and last spreadsheet row a chunk of `part` covers (one row per line)."""
+def _line_starts(part: str) -> list[int]:
+    starts = [0]
+    at = part.find("\n")
+    while at >= 0:
+        starts.append(at + 1)
+        at = part.find("\n", at + 1)
+    return starts
+
+
+def _rows_of(
+    line_starts: list[int], segment: TextSegment, start: int, end: int
+) -> tuple[int, int] | None:
+    """The first and last spreadsheet row a chunk covers (one row per line of its segment's
+    text, whose lines start at `line_starts`): found by bisection, not by counting the
+    newlines before each chunk (a long block of rows has many chunks)."""
     if not segment.rows:
         return None
-    if part.count("\n") + 1 != len(segment.rows):
+    if len(line_starts) != len(segment.rows):
         return (min(segment.rows), max(segment.rows))
-    first = part.count("\n", 0, start)
-    last = part.count("\n", 0, max(start, end - 1))
+    first = bisect_right(line_starts, start) - 1
+    last = bisect_right(line_starts, max(start, end - 1)) - 1
     return (segment.rows[first], segment.rows[last])
 
 
 # --- paragraphs --------------------------------------------------------------------------------
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
+# An ATX heading's opening: `#` to `######`, then a space, a tab or the end of the line.
+_ATX_OPEN = re.compile(r" {0,3}(#{1,6})(?![^ \t])")
 _SETEXT = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
 # Lines that start a unit of their own: list items, quotes, table rows.
 _LINE_UNIT = re.compile(r"^[ \t]*(?:[-*+•]\s|\d{1,3}[.)]\s|>|\|)")
@@ -238,11 +254,11 @@ def _paragraphs(text: str, *, structured: bool, fenced: bool) -> list[_Paragraph
             out.append(_Paragraph(start, lines[last][1], "code", code_lines))
             i = last + 1
             continue
-        atx = _ATX.match(line) if structured else None
+        atx = _atx_heading(line) if structured else None
         if atx:
             flush()
-            title = (atx.group(2) or "").strip()
-            out.append(_Paragraph(start, end, "heading", ((start, end),), len(atx.group(1)), title))
+            level, title = atx
+            out.append(_Paragraph(start, end, "heading", ((start, end),), level, title))
             i += 1
             continue
         underline = (
@@ -262,6 +278,30 @@ def _paragraphs(text: str, *, structured: bool, fenced: bool) -> list[_Paragraph
     return out
 
 
+def _atx_heading(line: str) -> tuple[int, str] | None:
+    """(level, title) of an ATX heading line (`## Title ##`), None for any other line.
+
+    What `^ {0,3}(#{1,6})(?:[ \\t]+(.*?))?(?:[ \\t]+#+)?[ \\t]*$` matches, its title group
+    stripped, in one pass: that pattern tries its tail at every position of the title, each
+    try scanning the run of blanks ahead (quadratic in a long run of spaces).
+    """
+    opening = _ATX_OPEN.match(line)
+    if opening is None:
+        return None
+    level = len(opening.group(1))
+    rest = line[opening.end() :]
+    title = rest.lstrip(" \t")
+    if not title:
+        return level, ""
+    # the shortest title the tail allows: without trailing blanks, and without a closing
+    # sequence (blanks, then #s) unless that would leave no title
+    title = title.rstrip(" \t")
+    body = title.rstrip("#")
+    if body != title and body[-1:] in (" ", "\t"):
+        title = body.rstrip(" \t")
+    return level, title.strip()
+
+
 # --- sentences -----------------------------------------------------------------------------------
 
 # Words that end with a period without ending the sentence (compared lower-case, no trailing dot).
@@ -274,14 +314,30 @@ ABBREVIATIONS = frozenset(
     }
 )  # fmt: skip
 # Sentence-final punctuation (with closing quotes/brackets); Latin needs whitespace after it.
+# A match never starts inside a run of the marks it starts with (the lookbehinds): such a try
+# would fail exactly as the one at the run's start did, and scanning the rest of the run from
+# every position of it was quadratic (16k dots: 10 s).
 _TERMINATOR = re.compile(
-    r"(?:[.!?]+|…+)[\"'”’)\]»]*(?=\s)|[。！？]+[\"'”’)\]」』»]*|[.!?…]+[\"'”’)\]»]*$"
+    r"(?:(?<![.!?])[.!?]++|(?<!…)…++)[\"'”’)\]»]*+(?=\s)"
+    r"|[。！？]+[\"'”’)\]」』»]*"
+    r"|(?<![.!?…])[.!?…]++[\"'”’)\]»]*+$"
 )
+_VISIBLE = re.compile(r"\S")
 _DOTTED_ABBREVIATION = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]")  # e.g, i.e, U.S, a.m
 
 
-def _is_abbreviation(before: str) -> bool:
-    word = before.rsplit(None, 1)[-1] if before.strip() else ""
+def _last_word(text: str, begin: int, end: int) -> str:
+    """`text[begin:end].rsplit(None, 1)[-1]` ("" when blank), reading back from `end` only."""
+    stop = end
+    while stop > begin and text[stop - 1].isspace():
+        stop -= 1
+    start = stop
+    while start > begin and not text[start - 1].isspace():
+        start -= 1
+    return text[start:stop]
+
+
+def _is_abbreviation(word: str) -> bool:
     word = word.lstrip("([{\"'“‘")
     if not word:
         return False
@@ -305,11 +361,12 @@ def split_sentences(text: str, start: int = 0, end: int | None = None) -> list[t
     for match in _TERMINATOR.finditer(segment):
         cut = match.end()
         if match.group(0)[0] not in "。！？":
-            rest = segment[cut:].lstrip()
-            if rest and rest[0].islower():
+            # the next visible character, found without copying the rest of the segment
+            after = _VISIBLE.search(segment, cut)
+            if after is not None and after.group(0).islower():
                 continue
             if match.group(0).rstrip("\"'”’)]»") == "." and _is_abbreviation(
-                segment[begin : match.start()]
+                _last_word(segment, begin, match.start())
             ):
                 continue
         spans.append((begin, cut))
@@ -356,6 +413,9 @@ class _Packer:
     _gap_tokens: dict[str, int] = field(default_factory=dict)
     _atoms: list[_Atom] = field(default_factory=list)
     _starts: list[int] | None = field(default=None, init=False)
+    # spans counted alone: a piece of a split sentence is counted when it is cut and again
+    # when it is packed
+    _alone: dict[tuple[int, int], int] = field(default_factory=dict)
 
     @property
     def budget(self) -> int:
@@ -391,7 +451,10 @@ class _Packer:
             or (start > 0 and not text[start - 1].isspace())
             or (end < len(text) and not text[end].isspace())
         ):
-            return self.counter.count(text[start:end])
+            counted = self._alone.get((start, end))
+            if counted is None:
+                counted = self._alone[start, end] = self.counter.count(text[start:end])
+            return counted
         return bisect_left(self._starts, end) - bisect_left(self._starts, start)
 
     def gap(self, left: int, right: int) -> int:

@@ -15,15 +15,22 @@ so `content_sha256` of the result is a stable identity for "did the indexed text
   `\\n` removed, runs of spaces/tabs collapsed to one space, trailing spaces stripped, at most one
   blank line between paragraphs, no leading/trailing blank lines.
 - Optional PII redaction (emails -> `[EMAIL]`, phone numbers -> `[PHONE]`), applied last.
+
+Row text is untrusted: every step runs in time linear in the text's length, whatever the text
+(docs/decisions/document-extraction.md, "Bounds per row and per document";
+tests/ragcore/test_normalize_bounds.py times each step on adversarial inputs of n and 8n
+characters).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from html import unescape
 from html.parser import HTMLParser
 from typing import Literal
 
@@ -195,7 +202,7 @@ def normalize_whitespace(text: str, *, keep_indent: bool) -> str:
     `keep_indent` keeps each line's leading indentation (tabs as 4 spaces) and the spacing
     inside fenced code blocks, which carry meaning in Markdown.
     """
-    text = unicodedata.normalize("NFC", _LINE_BREAKS.sub("\n", text))
+    text = nfc(_LINE_BREAKS.sub("\n", text))
     text = _drop_controls(text)
     out: list[str] = []
     fence: str | None = None  # the opening marker while inside a fenced code block
@@ -221,6 +228,70 @@ def normalize_whitespace(text: str, *, keep_indent: bool) -> str:
     return "\n".join(out)
 
 
+#: Longest run of non-starters left to `unicodedata.normalize` as it stands (see `nfc`).
+_NON_STARTER_RUN = 32
+
+
+def nfc(text: str) -> str:
+    """`unicodedata.normalize("NFC", text)`, in time linear in the text.
+
+    CPython puts each run of combining marks into canonical order by insertion sort: a run
+    of k marks in reverse order costs k^2/2 steps (32k marks: 2 s; a 2M-character row of
+    them: hours). A run longer than `_NON_STARTER_RUN` is replaced by its canonical
+    decomposition, sorted here (a stable sort by combining class, as the algorithm orders
+    it): a canonically equivalent string, so its NFC is the same, which CPython then sorts
+    in one pass.
+    """
+    if text.isascii():
+        return text
+    if len(text) <= _NON_STARTER_RUN:
+        return unicodedata.normalize("NFC", text)
+    runs = _non_starter_runs()
+    if runs.search(text) is None:
+        return unicodedata.normalize("NFC", text)
+    return unicodedata.normalize("NFC", runs.sub(_canonical_order, text))
+
+
+@functools.cache
+def _non_starter_runs() -> re.Pattern[str]:
+    """Runs of more than `_NON_STARTER_RUN` characters that decompose to non-starters
+    (combining class > 0): a character class of the running Python's Unicode database, built
+    on first use (a fraction of a second)."""
+    every = range(0x110000)
+    marks = set(filter(unicodedata.combining, map(chr, every)))
+    for char in filter(unicodedata.decomposition, map(chr, every)):  # U+0F73, U+0F75, ...
+        canonical = unicodedata.decomposition(char)
+        if canonical[0] != "<" and unicodedata.combining(unicodedata.normalize("NFD", char)[0]):
+            marks.add(char)
+    ranges: list[list[int]] = []
+    for cp in sorted(map(ord, marks)):
+        if ranges and ranges[-1][1] == cp - 1:
+            ranges[-1][1] = cp
+        else:
+            ranges.append([cp, cp])
+    members = "".join(
+        re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}"
+        for a, b in ranges
+    )
+    # the lookbehind starts a match only where a run starts: one attempt per run
+    return re.compile(f"(?<![{members}])[{members}]{{{_NON_STARTER_RUN + 1},}}")
+
+
+def _canonical_order(match: re.Match[str]) -> str:
+    decomposed = "".join(unicodedata.normalize("NFD", char) for char in match.group(0))
+    out: list[str] = []
+    marks: list[str] = []
+    for char in decomposed:
+        if unicodedata.combining(char):
+            marks.append(char)
+            continue
+        out += sorted(marks, key=unicodedata.combining)
+        marks = []
+        out.append(char)
+    out += sorted(marks, key=unicodedata.combining)
+    return "".join(out)
+
+
 def _collapse_line(line: str, *, keep_indent: bool) -> str:
     indent = ""
     if keep_indent:
@@ -231,7 +302,23 @@ def _collapse_line(line: str, *, keep_indent: bool) -> str:
     return indent + _SPACE_RUN.sub(" ", line).strip(" ")
 
 
-_MD_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+def _drop_comments(text: str) -> str:
+    """`re.sub(r"<!--.*?-->", "", text, flags=re.DOTALL)` in one forward pass. The regex
+    tries every `<!--` against the rest of the text: 80k characters of `<!--` took 4.6 s, a
+    2M-character row about 45 minutes. A `<!--` with no `-->` after it is no comment, and
+    neither is any later one: the rest stays as it is."""
+    pos = 0
+    parts: list[str] = []
+    while (start := text.find("<!--", pos)) >= 0:
+        end = text.find("-->", start + 4)
+        if end < 0:
+            break
+        parts.append(text[pos:start])
+        pos = end + 3
+    if not parts:
+        return text
+    parts.append(text[pos:])
+    return "".join(parts)
 
 
 def _strip_markdown_comments(text: str) -> str:
@@ -243,7 +330,7 @@ def _strip_markdown_comments(text: str) -> str:
         marker = _FENCE.match(line)
         if fence is None:
             if marker:
-                parts.append(_MD_COMMENT.sub("", "".join(prose)))
+                parts.append(_drop_comments("".join(prose)))
                 prose = []
                 fence = marker.group(1)
                 parts.append(line)
@@ -253,7 +340,7 @@ def _strip_markdown_comments(text: str) -> str:
             parts.append(line)
             if marker and marker.group(1)[0] == fence[0] and len(marker.group(1)) >= len(fence):
                 fence = None
-    parts.append(_MD_COMMENT.sub("", "".join(prose)))
+    parts.append(_drop_comments("".join(prose)))
     return "".join(parts)
 
 
@@ -277,13 +364,24 @@ _PARAGRAPH, _LINE = 2, 1
 
 
 class _HtmlText(HTMLParser):
-    """Collects readable text; breaks are kept as levels and resolved in `text()`."""
+    """Collects readable text; breaks are kept as levels and resolved in `text()`.
 
-    def __init__(self) -> None:
+    Bounded: the stdlib parser meets a construct left open (`<a `, `<!--` or `</` with no
+    end) at the end of its input by emitting it as text up to the next `>` and trying again
+    at the next `<`, each try scanning to the end: quadratic (48k characters of `<a `: 40 s).
+    `parse` charges each such try the characters it may scan; past `waste_budget` the rest of
+    the input is text at once (what the tries would have made of most of it).
+    """
+
+    def __init__(self, waste_budget: int) -> None:
         super().__init__(convert_charrefs=True)
         self._out: list[str] = []
         self._pending_break = 0
         self._dropped: list[str] = []  # open dropped elements (their content is skipped)
+        self._dropped_open: dict[str, int] = {}  # tag -> how many of `_dropped`
+        self._waste = 0
+        self._waste_budget = waste_budget
+        self.cut = False  # whether the budget ran out (the rest of the input became text)
         self._pre = 0
         self._heading = 0
         self._lists: list[list[int]] = []  # per open list: [is_ordered, next number]
@@ -300,13 +398,59 @@ class _HtmlText(HTMLParser):
         self._pending_break = 0
         self._out.append(text)
 
+    # -- bounded parsing (see the class docstring) --
+
+    def parse(self, html: str) -> str:
+        """The text of a whole document: `feed(html)` then `close()`, in one pass. `feed`
+        stops at the first construct left open and `close` tries it again: the same result
+        with one scan fewer of what may be the rest of the input."""
+        self.rawdata = html
+        self.close()
+        return self.text()
+
+    def parse_starttag(self, i: int) -> int:
+        return self._tried(i, super().parse_starttag(i))
+
+    def parse_endtag(self, i: int) -> int:
+        return self._tried(i, super().parse_endtag(i))
+
+    def parse_comment(self, i: int, report: bool = True) -> int:
+        return self._tried(i, super().parse_comment(i, report))
+
+    def parse_pi(self, i: int) -> int:
+        return self._tried(i, super().parse_pi(i))
+
+    def parse_html_declaration(self, i: int) -> int:
+        try:
+            end = super().parse_html_declaration(i)
+        except AssertionError:
+            # `_markupbase` raises it for `<![` without a known keyword (`<![ >`, `<![x]>`):
+            # what HTML makes of it, a bogus comment up to the next `>`
+            end = self.parse_bogus_comment(i)
+        return self._tried(i, end)
+
+    def _tried(self, i: int, end: int) -> int:
+        """`end` of a construct parsed at `i`; when it is open at the end of the input (-1)
+        and the budget is spent, the rest of the input as text."""
+        if end >= 0:
+            return end
+        rest = len(self.rawdata) - i
+        self._waste += rest
+        if self._waste <= self._waste_budget:
+            return end  # the parser emits it as text up to the next `>` and goes on
+        self.cut = True
+        self.handle_data(unescape(self.rawdata[i:]))
+        return len(self.rawdata)
+
+    # -- text --
+
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if self._dropped:
             if tag in _DROPPED:
-                self._dropped.append(tag)
+                self._drop(tag)
             return
         if tag in _DROPPED:
-            self._dropped.append(tag)
+            self._drop(tag)
             return
         if tag == "br":
             if self._heading:
@@ -349,9 +493,14 @@ class _HtmlText(HTMLParser):
 
     def handle_endtag(self, tag: str) -> None:
         if self._dropped:
-            # Close the innermost dropped element of this name (tolerates sloppy nesting).
-            if tag in self._dropped:
-                idx = len(self._dropped) - 1 - self._dropped[::-1].index(tag)
+            # Close the innermost dropped element of this name (tolerates sloppy nesting):
+            # found by count, then from the top, so each open element costs O(1) overall.
+            if self._dropped_open.get(tag):
+                idx = len(self._dropped) - 1
+                while self._dropped[idx] != tag:
+                    idx -= 1
+                for closed in self._dropped[idx:]:
+                    self._dropped_open[closed] -= 1
                 del self._dropped[idx:]
             return
         if tag in _HEADINGS:
@@ -371,6 +520,10 @@ class _HtmlText(HTMLParser):
             self._break(_PARAGRAPH)
         elif tag in _LINES:
             self._break(_LINE)
+
+    def _drop(self, tag: str) -> None:
+        self._dropped.append(tag)
+        self._dropped_open[tag] = self._dropped_open.get(tag, 0) + 1
 
     def handle_data(self, data: str) -> None:
         if self._dropped:
@@ -393,12 +546,29 @@ class _HtmlText(HTMLParser):
         return "".join(self._out)
 
 
+#: Characters the parser may scan in vain on an input of n characters: `_HTML_WASTE_BASE +
+#: _HTML_WASTE_PER_CHAR * n`. Any input of up to 256 characters, and one of any size with one
+#: construct left open to its end, parses as the stdlib parser parses it; 2M characters of
+#: open tags (the costliest to scan: about 0.75 us a character) take about 3 s.
+_HTML_WASTE_BASE = 1 << 16
+_HTML_WASTE_PER_CHAR = 1
+# `&#` and more digits than any interpreter's int() accepts (640 at the lowest): html.unescape
+# raises ValueError on them (the limit on int-from-string conversions)
+_LONG_DECIMAL_CHARREF = re.compile(r"&#([0-9]{640,})")
+_MAX_CODE_POINT_DIGITS = 7  # 0x10FFFF = 1114111
+
+
+def _short_charref(match: re.Match[str]) -> str:
+    # the same code point: leading zeros dropped, and a number past U+10FFFF (which
+    # unescape makes U+FFFD) as 8 digits
+    digits = match.group(1).lstrip("0") or "0"
+    return "&#" + (digits if len(digits) <= _MAX_CODE_POINT_DIGITS else "9" * 8)
+
+
 def html_to_text(html: str) -> str:
     """Readable text of an HTML document or fragment (see the module docstring)."""
-    parser = _HtmlText()
-    parser.feed(html)
-    parser.close()
-    return parser.text()
+    parser = _HtmlText(_HTML_WASTE_BASE + _HTML_WASTE_PER_CHAR * len(html))
+    return parser.parse(_LONG_DECIMAL_CHARREF.sub(_short_charref, html))
 
 
 # --- PII -----------------------------------------------------------------------------------------

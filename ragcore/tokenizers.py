@@ -366,6 +366,22 @@ class HFTokenCounter:
         """Char offset where the first `n_tokens` tokens of `text` end."""
         if n_tokens <= 0:
             return 0
+        if self._context_free:
+            # The chunker passes windows of 16x the budget in characters: on text of one
+            # character a token (punctuation) most of that was tokenized for nothing. A
+            # prefix (grown by doubling) answers when the n-th token's word is not the
+            # prefix's last one, which the cut may have shortened: words are split and
+            # tokenized on their own, so the whole text's first n tokens are the same.
+            size = n_tokens + 16
+            while size < len(text):
+                encoding = self._tokenizer.encode(text[:size], add_special_tokens=False)
+                if len(encoding.ids) > n_tokens:
+                    words = encoding.word_ids
+                    word, last = words[n_tokens - 1], words[-1]
+                    if word is not None and last is not None and word < last:
+                        stable_end: int = encoding.offsets[n_tokens - 1][1]
+                        return stable_end
+                size *= 2
         encoding = self._tokenizer.encode(text, add_special_tokens=False)
         if len(encoding.ids) <= n_tokens:
             return len(text)

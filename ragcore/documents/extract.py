@@ -29,7 +29,12 @@ REASONS: dict[str, str] = {
     "EXTRACTION_MEMORY_LIMIT": "extraction needed more memory than its limit",
     "EXTRACTION_CRASHED": "the extraction process died",
     "DOCUMENT_UNAVAILABLE": "a referenced file cannot be read (missing, refused, HTTP error)",
+    "DOCUMENT_FETCH_TIMEOUT": "a referenced file's download took longer than fetch_deadline_s",
     "DOCUMENT_REFERENCE_REFUSED": "a reference outside the configured root or allow-list",
+    "DOCUMENT_REFERENCE_INVALID": (
+        "a reference that names no file (control characters, a malformed URL, an unsupported "
+        "scheme, a name the file system refuses, over 4096 characters)"
+    ),
 }
 
 #: Spreadsheet rows per segment (a segment is chunked on its own; rows are lines in it).

@@ -6,7 +6,9 @@ sheet) or loop for minutes. The worker never runs them itself: `Extractor` keeps
 process (`ragcore.documents.child`) whose address space is capped, sends it one document at a
 time and waits at most `timeout_s`. A child that overruns is killed and replaced; the document
 gets a reason code (EXTRACTION_TIMEOUT, EXTRACTION_MEMORY_LIMIT, EXTRACTION_CRASHED) and the
-worker goes on with the rest of its batch.
+worker goes on with the rest of its batch. The time limit covers the whole exchange: starting a
+child, sending it the file (a child that stops reading cannot block the sender), its work and
+its answer.
 """
 
 from __future__ import annotations
@@ -149,11 +151,8 @@ class Extractor:
     ) -> dict[str, Any] | None:
         assert proc.stdin is not None
         body = json.dumps(header).encode("utf-8")
-        try:
-            proc.stdin.write(struct.pack(">I", len(body)) + body + struct.pack(">Q", len(data)))
-            proc.stdin.write(data)
-            proc.stdin.flush()
-        except BrokenPipeError:
+        head = struct.pack(">I", len(body)) + body + struct.pack(">Q", len(data))
+        if not _send(proc.stdin.fileno(), (head, data), deadline):
             return None
         return self._receive(proc, deadline)
 
@@ -183,6 +182,28 @@ class Extractor:
 
 #: Answers after which the child exits by itself.
 _CHILD_EXITS = frozenset({"EXTRACTION_MEMORY_LIMIT"})
+
+
+def _send(fd: int, buffers: tuple[bytes, ...], deadline: float) -> bool:
+    """Write `buffers` to the child's stdin by `deadline`; False when it passed or the child
+    is gone. Non-blocking: a child that stops reading (hung, stopped) fills the pipe, and a
+    blocking write would wait past the time limit, for ever."""
+    os.set_blocking(fd, False)
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_WRITE)
+        for buffer in buffers:
+            view = memoryview(buffer)
+            while view:
+                left = deadline - time.monotonic()
+                if left <= 0 or not selector.select(left):
+                    return False
+                try:
+                    view = view[os.write(fd, view) :]
+                except BlockingIOError:
+                    continue
+                except (BrokenPipeError, ConnectionResetError):
+                    return False
+    return True
 
 
 def _failure(code: str, message: str) -> dict[str, Any]:

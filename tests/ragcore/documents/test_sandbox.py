@@ -4,6 +4,7 @@ code and a fresh child, never the calling process."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -82,5 +83,24 @@ def test_a_module_in_the_working_directory_does_not_shadow_the_child(
     try:
         document = extractor.extract("pdf", pdf_bytes([["not shadowed"]]))
         assert "not shadowed" in document.segments[0].text
+    finally:
+        extractor.close()
+
+
+def test_a_child_that_stops_reading_cannot_hold_the_sender_past_the_time_limit() -> None:
+    extractor = Extractor(ExtractionLimits(timeout_s=1.0))
+    try:
+        extractor.extract("pdf", pdf_bytes([["first"]]))  # the child is up
+        pid = extractor.child_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)  # alive, reading nothing: the pipe fills at 64 KiB
+        started = time.monotonic()
+        with pytest.raises(DocumentError) as info:
+            extractor.extract("csv", b"a,b\n" * 2_000_000)  # 8 MB to send
+        assert info.value.code == "EXTRACTION_TIMEOUT"
+        assert time.monotonic() - started < 3.0
+        assert extractor.child_pid is None and not alive(pid)
+        document = extractor.extract("pdf", pdf_bytes([["after"]]))
+        assert "after" in document.segments[0].text
     finally:
         extractor.close()
