@@ -67,6 +67,7 @@ from ragcore.errors import (
     StoreUnavailableError,
 )
 from ragcore.kafka_config import KafkaSettings
+from ragcore.redact import redact_text
 from ragcore.tracing import Tracing
 from schemas.events import RawRecord
 from streams.metrics import IngestMetrics
@@ -468,7 +469,8 @@ def dlq_headers(letter: DeadLetter, truncated: bool) -> list[tuple[str, str | by
     rec = letter.record
     fields = {
         "error.code": letter.code,
-        "error.message": letter.message[:2000],
+        # a document URL's userinfo or presigned query, a DSN's password: never in a header
+        "error.message": redact_text(letter.message)[:2000],
         "error.stage": letter.stage,
         **{
             f"error.{name}": value
@@ -1250,7 +1252,7 @@ class ConsumerLoop:
                 letter.record.partition,
                 letter.record.offset,
                 letter.code,
-                letter.message[:300],
+                redact_text(letter.message)[:300],
             )
         remaining = producer.flush(30)
         self._metrics.stage_seconds.labels("dlq").observe(time.perf_counter() - started)
