@@ -142,6 +142,15 @@ class SchedulerSettings(BaseModel):
     max_batch_units: int = Field(
         default=64, gt=0, description="Units (entities) one batch applies at most."
     )
+    express_units: int = Field(
+        default=8,
+        ge=0,
+        description=(
+            "A tenant with at most this many live changes ready is applied in a small batch of "
+            "its own while another tenant has a backlog (its changes wait for the batch in "
+            "flight only); every other batch is a regular round. 0: off."
+        ),
+    )
     max_batch_documents: int = Field(
         default=2,
         gt=0,
@@ -215,6 +224,7 @@ class SchedulerSettings(BaseModel):
             quantum=self.quantum,
             max_batch_units=self.max_batch_units,
             max_batch_heavy=self.max_batch_documents,
+            express_units=self.express_units,
             weights={t: s.weight for t, s in self.tenants.items()},
             classes={t: s.tenant_class for t, s in self.tenants.items()},
             max_records=self.read_ahead_records,

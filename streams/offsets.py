@@ -185,7 +185,12 @@ class PartitionOffsets:
         if self._dropped_from is not None:
             candidates.append(self._dropped_from)
         if self._cursor is not None:
-            candidates.append(self._cursor)
+            # the rescan has not re-read from its cursor on: the first offset there that is not
+            # finished (a finished one stays finished whether it is fetched again or not)
+            cursor = self._cursor
+            while cursor in self._done:
+                cursor += 1
+            candidates.append(cursor)
         return max(self.floor, min(candidates))
 
     def _advance(self) -> None:

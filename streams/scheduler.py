@@ -106,6 +106,9 @@ class SchedulerConfig:
     max_batch_units: int = 64
     #: units whose payload is heavy (documents): at most this many per batch
     max_batch_heavy: int = 2
+    #: a tenant with at most this many live units ready goes in a batch of its own while another
+    #: tenant has a backlog (0: never)
+    express_units: int = 8
     weights: Mapping[str, float] = field(default_factory=dict)
     classes: Mapping[str, str] = field(default_factory=dict)
     max_records: int = 20_000
@@ -183,6 +186,7 @@ class Scheduler(Generic[P]):
         self.records = 0
         self.bytes = 0
         self._closed = False
+        self._after_express = False
 
     # --- the read-ahead budget ------------------------------------------------------------------
 
@@ -517,6 +521,51 @@ class Scheduler(Generic[P]):
         return any(any(not u.done for u in q) for q in self._ready.values())
 
     def _batch(self) -> list[Unit[P]]:
+        if self.config.fair and self.config.express_units > 0 and not self._after_express:
+            express = self._express()
+            if express:
+                self._after_express = True
+                return express
+        self._after_express = False
+        return self._round()
+
+    def _express(self) -> list[Unit[P]]:
+        """A batch of its own for the live changes of the tenants with few units ready (at most
+        `express_units`) while another tenant has a backlog: their changes wait for the batch in
+        flight only, not for a share of the backlog's next batch. Every other batch is a regular
+        round, so a stream of quiet tenants never starves the backlog."""
+        c = self.config
+        small = []
+        backlog = False
+        for lane in Lane:
+            for tenant in self._turns[lane]:
+                queued = len(self._ready.get((lane, tenant), ()))
+                if queued > c.express_units:
+                    backlog = True
+                elif lane is Lane.LIVE:
+                    small.append(tenant)
+        if not backlog or not small:
+            return []
+        batch: list[Unit[P]] = []
+        for tenant in small:
+            ready = self._ready.get((Lane.LIVE, tenant))
+            while ready and len(batch) < c.max_batch_units:
+                unit = ready.popleft()
+                if unit.done or not unit.ready or self._heavy(unit):
+                    if not unit.done and unit.ready:
+                        ready.appendleft(unit)  # a document waits for a regular batch
+                        break
+                    continue
+                unit.ready = False
+                batch.append(unit)
+            if not ready:
+                self._ready.pop((Lane.LIVE, tenant), None)
+                self._turns[Lane.LIVE].remove(tenant)
+        return batch
+
+    def _round(self) -> list[Unit[P]]:
+        """A regular batch: lanes in order (a share kept for the lower ones), tenants taking
+        turns (up to `quantum` x weight units each)."""
         c = self.config
         batch: list[Unit[P]] = []
         heavy = 0
@@ -529,11 +578,12 @@ class Scheduler(Generic[P]):
             if lower_waiting[lane]:
                 room -= max(1, c.max_batch_units // 8)  # a share kept for the lower lanes
             turns = self._turns[lane]
-            for _ in range(len(turns)):
-                if room <= 0 or not turns:
+            order = list(turns)
+            served = 0
+            for tenant in order:
+                if room <= 0:
                     break
-                tenant = turns[0]
-                turns.rotate(-1)  # the next batch starts with the next tenant
+                served += 1
                 ready = self._ready.get((lane, tenant))
                 quota = max(1, round(c.quantum * c.weights.get(tenant, 1.0)))
                 if not c.fair:
@@ -554,5 +604,9 @@ class Scheduler(Generic[P]):
                     room -= 1
                 if not ready:
                     self._ready.pop((lane, tenant), None)
-                    turns.remove(tenant)
+            # the next batch starts with the first tenant this one did not reach (or, when it
+            # reached all of them, with the second): every tenant leads in turn
+            shift = served if served < len(order) else 1
+            turns.clear()
+            turns.extend(t for t in order[shift:] + order[:shift] if self._ready.get((lane, t)))
         return batch

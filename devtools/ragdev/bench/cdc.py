@@ -25,10 +25,14 @@ Phases:
     wait behind the batch before), handle (-> writes acknowledged; split by the worker's
     per-batch stage means), ack -> searchable (the sample); plus CPU seconds per process.
 
-(c) bulk (`--bulk-rows N`, issue 29): the other tenant commits N rows in one transaction (a
-    bulk load), then the first tenant commits one change per `1 / bulk_probe_rate` s until the
-    bulk is indexed; each of its changes is measured commit -> searchable as in (b). Shows how
-    long one tenant's bulk holds another tenant's single change behind it.
+(c) bulk (`--bulk-rows N`, issues 29 and 42): first the first tenant alone commits 20 single
+    changes (its unloaded commit -> searchable); then the other tenant commits N rows in one
+    transaction (a bulk load) while the first commits one change per `1 / bulk_probe_rate` s
+    until the bulk is indexed, each measured commit -> searchable as in (b); twice, with the
+    worker's tenant fairness on and then off (switched while it is idle). Reports the quiet
+    tenant's p95 against 1 s and against 2x its unloaded p95, the bulk's drain rate with
+    fairness on against off (goal >= 0.9), and the process's memory growth and the read-ahead
+    in use against its budget.
 
 Run: `ragstream bench cdc` or `python -m ragdev.bench.cdc` (prints one JSON document).
 """
@@ -589,6 +593,83 @@ def _meets(step: Mapping[str, Any]) -> bool:
     return max(_p95s(step)) <= GOALS["freshness_p95_s"]
 
 
+class RssSampler:
+    """The bench process's resident memory (VmRSS) sampled every `every_s` while it runs, and
+    the worker's read-ahead in use (records, bytes): what a bulk load costs in memory."""
+
+    def __init__(self, worker: IngestWorker, every_s: float = 0.25) -> None:
+        self._worker = worker
+        self._every = every_s
+        self.start_mb = _rss_mb()
+        self.peak_mb = self.start_mb
+        self.peak_records = 0
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            scheduler = self._worker.loop.scheduler
+            self.peak_mb = max(self.peak_mb, _rss_mb())
+            self.peak_records = max(self.peak_records, scheduler.records)
+            self.peak_bytes = max(self.peak_bytes, scheduler.bytes)
+
+    def close(self) -> dict[str, float]:
+        """Stop; the figures."""
+        self._stop.set()
+        self._thread.join(5)
+        return {
+            "rss_start_mb": round(self.start_mb, 1),
+            "rss_peak_mb": round(self.peak_mb, 1),
+            "rss_growth_mb": round(self.peak_mb - self.start_mb, 1),
+            "read_ahead_peak_records": self.peak_records,
+            "read_ahead_peak_mb": round(self.peak_bytes / 2**20, 1),
+        }
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _quiet(
+    conn: psycopg.Connection[Any],
+    prober: Prober,
+    rng: random.Random,
+    *,
+    tag: str,
+    n: int,
+    committed: dict[str, float],
+) -> str:
+    """One single-row change of the quiet tenant, probed until searchable."""
+    key = f"quiet-{tag}-{n:05d}"
+    conn.execute(
+        "INSERT INTO entities (id, company_id, content) VALUES (%s, %s, %s)",
+        (key, TENANTS[0], f"Quiet change {n} carries token {key}. {_sentence(rng, n)}"),
+    )
+    committed[key] = time.time()
+    prober.add(key)
+    return key
+
+
+def _unloaded(
+    dsn: str, prober: Prober, *, changes: int, probe_rate: float, rng: random.Random
+) -> dict[str, Any]:
+    """The quiet tenant's commit -> searchable with no bulk (the baseline of the same run)."""
+    committed: dict[str, float] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        keys = []
+        for n in range(changes):
+            keys.append(_quiet(conn, prober, rng, tag="alone", n=n, committed=committed))
+            time.sleep(1.0 / probe_rate)
+    prober.drain(600)
+    latency = [prober.searchable[k] - committed[k] for k in keys]
+    return {"quiet_changes": changes, "quiet_commit_to_searchable_s": _percentiles(latency)}
+
+
 def _bulk_phase(
     dsn: str,
     worker: IngestWorker,
@@ -597,12 +678,17 @@ def _bulk_phase(
     rows: int,
     probe_rate: float,
     rng: random.Random,
+    fair: bool,
 ) -> dict[str, Any]:
     """(c): TENANTS[1] commits `rows` rows at once, TENANTS[0] probes with single changes
-    until they are all indexed; commit -> searchable of the probes."""
+    until they are all indexed; commit -> searchable of the probes, the bulk's drain rate and
+    the memory it took, with the worker's fairness on or off (switched while it is idle)."""
+    worker.loop.scheduler.config.fair = fair
+    tag = "fair" if fair else "fifo"
     handled_before = _events_handled(worker)
     committed: dict[str, float] = {}
     probes: list[str] = []
+    memory = RssSampler(worker)
     with psycopg.connect(dsn, autocommit=True) as conn:
         began = time.time()
         with (
@@ -610,7 +696,7 @@ def _bulk_phase(
             conn.cursor().copy("COPY entities (id, company_id, content) FROM STDIN") as copy,
         ):
             for n in range(rows):
-                copy.write_row((f"bulk-{n:07d}", TENANTS[1], _sentence(rng, n)))
+                copy.write_row((f"bulk-{tag}-{n:07d}", TENANTS[1], _sentence(rng, n)))
         bulk_committed = time.time()
         deadline = time.monotonic() + 3600
         n = 0
@@ -618,14 +704,7 @@ def _bulk_phase(
         while _events_handled(worker) < handled_before + rows + len(probes):
             if time.monotonic() > deadline:
                 raise ConfigError("the bulk load was not indexed within an hour")
-            key = f"quiet-{n:05d}"
-            conn.execute(
-                "INSERT INTO entities (id, company_id, content) VALUES (%s, %s, %s)",
-                (key, TENANTS[0], f"Quiet change {n} carries token {key}. {_sentence(rng, n)}"),
-            )
-            committed[key] = time.time()
-            prober.add(key)
-            probes.append(key)
+            probes.append(_quiet(conn, prober, rng, tag=tag, n=n, committed=committed))
             n += 1
             time.sleep(1.0 / probe_rate)
         drained = time.time()
@@ -633,6 +712,7 @@ def _bulk_phase(
     searchable = prober.searchable
     latency = [searchable[k] - committed[k] for k in probes]
     return {
+        "fair": fair,
         "bulk_rows": rows,
         "bulk_tenant": TENANTS[1],
         "quiet_tenant": TENANTS[0],
@@ -645,7 +725,51 @@ def _bulk_phase(
             [round(committed[k] - bulk_committed, 1), round(searchable[k] - committed[k], 2)]
             for k in probes
         ],
+        "memory": memory.close(),
         "topic_partitions": 1,
+    }
+
+
+def _bulk(
+    dsn: str,
+    worker: IngestWorker,
+    prober: Prober,
+    *,
+    rows: int,
+    probe_rate: float,
+    rng: random.Random,
+) -> dict[str, Any]:
+    """(c) side by side: the quiet tenant alone, then the bulk with fairness on and off."""
+    unloaded = _unloaded(dsn, prober, changes=20, probe_rate=probe_rate, rng=rng)
+    fair = _bulk_phase(dsn, worker, prober, rows=rows, probe_rate=probe_rate, rng=rng, fair=True)
+    fifo = _bulk_phase(dsn, worker, prober, rows=rows, probe_rate=probe_rate, rng=rng, fair=False)
+    worker.loop.scheduler.config.fair = True
+    alone_p95 = unloaded["quiet_commit_to_searchable_s"]["p95"]
+    fair_p95 = fair["quiet_commit_to_searchable_s"]["p95"]
+    drain_ratio = fair["bulk_rows_per_s"] / max(fifo["bulk_rows_per_s"], 1e-6)
+    budget = worker.settings.consumer.scheduler
+    return {
+        "unloaded": unloaded,
+        "fairness_on": fair,
+        "fairness_off": fifo,
+        "read_ahead_budget": {
+            "records": budget.read_ahead_records,
+            "mb": round(budget.read_ahead_bytes / 2**20, 1),
+            "tenant_share": budget.tenant_share,
+        },
+        "goals": {
+            "quiet_p95_s": {"goal": 1.0, "measured": fair_p95, "met": fair_p95 <= 1.0},
+            "quiet_p95_vs_unloaded": {
+                "goal": 2.0,
+                "measured": round(fair_p95 / max(alone_p95, 1e-6), 2),
+                "met": fair_p95 <= 2 * alone_p95,
+            },
+            "bulk_drain_vs_fairness_off": {
+                "goal": 0.9,
+                "measured": round(drain_ratio, 3),
+                "met": drain_ratio >= 0.9,
+            },
+        },
     }
 
 
@@ -823,7 +947,7 @@ def run(
                 }
             )
         bulk = (
-            _bulk_phase(pg.dsn, worker, prober, rows=bulk_rows, probe_rate=bulk_probe_rate, rng=rng)
+            _bulk(pg.dsn, worker, prober, rows=bulk_rows, probe_rate=bulk_probe_rate, rng=rng)
             if bulk_rows
             else None
         )
