@@ -9,6 +9,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from ragcore.kinds import missing_kind
+from ragcore.publish import PublishSettings
 from ragcore.rerankers.http import HttpRerankerConfig
 from ragcore.rerankers.onnx_cross_encoder import OnnxRerankerConfig
 from ragcore.settings import ServiceSettings
@@ -133,6 +134,10 @@ class RetrieveSettings(ServiceSettings):
     )
     publish_enabled: bool = Field(
         default=True, description="Publish audit records and reindex requests to Kafka."
+    )
+    publish: PublishSettings = Field(
+        default_factory=PublishSettings,
+        description="Bounds on each tenant's undelivered audit records and reindex requests.",
     )
     audit_topic: str = "ragstream.audit"
     reindex_topic: str = "ragstream.reindex-requests"

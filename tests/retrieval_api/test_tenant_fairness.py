@@ -189,10 +189,14 @@ def test_a_client_ignoring_the_retry_hints_has_its_refusals_deferred_while_a_qui
         assert admitted("default", "admitted") == 10
         assert sum(admitted("default", r) for r in ("rate", "concurrency", "overload")) == 0
         assert deferrals("default", "deferred") == 0
-        # refused calls are not audited
+        # refused calls are not audited; every record names its tenant for the publisher
         audited = [r for r in stack.publisher.on("ragstream.audit") if "status" in r]
         assert len(audited) == admitted("bulk", "admitted") + 10
         assert {r["tenant"] for r in audited} == {"acme", "globex"}
+        for (_, _, record), tenant in zip(
+            stack.publisher.records, stack.publisher.tenants, strict=True
+        ):
+            assert record["tenant"] == tenant
     finally:
         stack.close()
 
