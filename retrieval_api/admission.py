@@ -27,7 +27,7 @@ C / `defer_s`, never fewer than C / `defer_max_s`) instead of as many as the ser
 Who ignores the hints: each refusal's hint is a promise to stay away until it ends. A caller
 that honours its hints holds at most one unexpired hint, so a client with C such callers holds
 at most C, while a caller ignoring them piles up one per round trip. A tenant holding
-`defer_grace` (32) unexpired hints has all its refusals deferred until every hint it was given
+`defer_grace` (16) unexpired hints has all its refusals deferred until every hint it was given
 has run out. A client that waits out its hints is never deferred, unless it has more than
 `defer_grace` callers refused at once. Deferred refusals are bounded per tenant and in total
 (`defer_max_per_tenant`, `defer_max_total`; beyond, they are answered at once).
@@ -194,15 +194,16 @@ class AdmissionSettings(BaseModel):
         description="Refused calls per second a tenant calling inside its hints is held to: "
         "each deferred refusal waits its tenant's waiting refusals / this (between defer_s "
         "and defer_max_s), so C callers that ignore the hints make about this many refused "
-        "calls per second, and at most C / defer_max_s.",
+        "calls per second (never more than C / defer_s, never fewer than C / defer_max_s).",
     )
     defer_grace: int = Field(
-        default=32,
+        default=16,
         ge=1,
         description="Unexpired retry hints a tenant may hold before its refusals are deferred "
         "(until every hint it was given has run out): a client whose callers honour their "
         "hints never holds more than it has callers refused at once; one that ignores them "
-        "piles up one per round trip.",
+        "piles up one per round trip, and is caught once it makes defer_grace refused calls "
+        "within one hint.",
     )
     defer_max_per_tenant: int = Field(
         default=512,

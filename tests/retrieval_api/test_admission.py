@@ -567,8 +567,8 @@ def test_two_callers_ignoring_the_hints_are_deferred_and_slowed() -> None:
     honest, _ = simulate(2, honour=True)
     outcomes, deferred = simulate(2, honour=False)
     refused = outcomes["rate"] + outcomes["concurrency"]
-    # each ignoring caller piles up a hint per millisecond: past 32 it is deferred, and from
+    # each ignoring caller piles up a hint per millisecond: past 16 it is deferred, and from
     # then on makes a refused call per deferral (>= 0.5 s), not one per millisecond
     assert deferred > 0
-    assert refused <= 32 + 2 * (5 / 0.5 + 1), outcomes
+    assert refused <= 16 + 2 * (5 / 0.5 + 1), outcomes
     assert outcomes["ok"] >= 0.5 * honest["ok"]  # still served within its quota
