@@ -14,8 +14,8 @@ share is admitted even at the global cap, so the cap is soft by at most the fair
 tenants under it (total in flight stays below 2 x `max_in_flight`). A flooding tenant is bound
 by its own quota first, so one flood never takes the whole cap.
 
-A refused call costs the server about what gRPC's own handling of any call costs (0.6-1.2 ms
-of CPU on the aio server here, nearly all of it in grpc), and a client that ignores the retry
+A refused call costs the server about what gRPC's own handling of any call costs (0.7-1.9 ms
+of CPU on the aio server here, most of it in grpc), and a client that ignores the retry
 hints repeats it as fast as it is answered: 300 client threads made ~2,000 refused calls/s, and
 the server's one event loop spent its time answering them (issue 41). So a tenant that keeps
 calling inside the retry hints it was given gets its refusals answered late (an asyncio sleep:
