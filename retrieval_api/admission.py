@@ -396,8 +396,8 @@ class TenantAdmission:
         self, tenant: str, *, time_remaining_s: float | None = None
     ) -> AsyncIterator[None]:
         """`admit` for the aio server: hold a slot for the duration of the block, or raise
-        OverloadedError; a refusal the tenant earned by calling inside its retry hint is
-        raised after `defer_s` (at most `time_remaining_s`, the call's deadline), awaited
+        OverloadedError; a refusal the tenant earned by calling inside its retry hints is
+        raised after its delay (at most `time_remaining_s`, the call's deadline), awaited
         without a thread (module docstring)."""
         if not self._settings.enabled:
             yield
@@ -528,7 +528,10 @@ class TenantAdmission:
         # spread over 0.5-1.5x: callers answered together would come back together
         delay *= 0.5 + self._random()
         if time_remaining_s is not None:
-            delay = min(delay, max(0.0, time_remaining_s))
+            delay = min(delay, time_remaining_s)
+        if delay <= 0:  # its deadline has passed: nothing to hold
+            state.hint_until = max(state.hint_until, now + hint_s)
+            return None
         state.hint_until = max(state.hint_until, now + delay + hint_s)
         state.deferred += 1
         self._deferred += 1

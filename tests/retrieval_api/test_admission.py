@@ -379,6 +379,15 @@ def test_deferral_is_capped_by_the_calls_deadline_and_off_at_zero() -> None:
 
     asyncio.run(scenario(gate))
     assert sleeps.delays == [0.25]
+    # a call whose deadline has passed is answered at once, and holds no place
+    late, _, late_sleeps = deferring(quotas=RATE_1, defer_s=2.0, defer_grace=1)
+
+    async def past_deadline() -> None:
+        for _ in range(3):
+            await call(late, "acme", time_remaining_s=-0.1)
+
+    asyncio.run(past_deadline())
+    assert late_sleeps.delays == [] and late.deferred() == 0
     off, _, off_sleeps = deferring(quotas=RATE_1, defer_s=0, defer_grace=1)
     asyncio.run(scenario(off))
     assert off_sleeps.delays == [] and off.deferred() == 0
