@@ -116,9 +116,12 @@ def build_app(
         core.close()
         raise no_sor
     created: list[Closable] = []
+    admission = TenantAdmission(settings.admission, registry)
     own_publisher = publisher
     if own_publisher is None and settings.publish_enabled:
-        own_publisher = KafkaPublisher(settings.kafka, registry)
+        own_publisher = KafkaPublisher(
+            settings.kafka, registry, settings.publish, tenant_class=admission.tenant_class
+        )
         created.append(own_publisher)
     key = settings.audit_hmac_key.get_secret_value().encode() if settings.audit_hmac_key else None
     own_reranker = (
@@ -169,7 +172,7 @@ def build_app(
         registry=registry,
         health_check=health_check,
         health_interval_s=settings.health_check_interval_s,
-        admission=TenantAdmission(settings.admission, registry),
+        admission=admission,
         reload_interval_s=settings.auth.reload_interval_s,
         part_health=SorTableWatch(own_sor, metrics.sor_table_unreadable).check,
     )

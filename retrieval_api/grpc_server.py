@@ -1,8 +1,8 @@
 """The gRPC server: `RetrievalService.Retrieve`, grpc.health.v1, reflection, `grpc_server_*`
 metrics, authentication, graceful shutdown.
 
-The servicer is thin: authenticate -> validate -> run the pipeline in a worker thread -> map
-errors to status codes (one table, `STATUS_OF`) -> audit. Error table (README "Errors"):
+The servicer is thin: authenticate -> admit -> validate -> run the pipeline in a worker thread
+-> map errors to status codes (one table, `STATUS_OF`) -> audit. Error table (README "Errors"):
 
 | error                                   | gRPC status          |
 |-----------------------------------------|----------------------|
@@ -24,13 +24,15 @@ call (RESOURCE_EXHAUSTED) also carries its retry hint (`grpc-retry-pushback-ms`,
 error names) tells the client only a generic text and the correlation id, e.g. "the system of
 record is unavailable (correlation id ...)": its detail (a SoR host or user, a vendor message)
 is in the server log line (WARNING, or ERROR for INTERNAL) under the same id.
-Admission per tenant (retrieval_api/admission.py) runs after authentication, before the
-pipeline; credentials and quotas reload without a restart (`RetrieveServer.reload`).
+Admission per tenant (retrieval_api/admission.py) runs after authentication, before validation
+and the pipeline (a tenant calling inside its retry hint has its refusals answered late);
+credentials and quotas reload without a restart (`RetrieveServer.reload`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
@@ -153,24 +155,22 @@ class RetrievalServicer(pb_grpc.RetrievalServiceServicer):
     async def Retrieve(  # noqa: N802 - the generated base class names it
         self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.EvidencePack:
-        """Authenticate, validate, run the pipeline, answer."""
+        """Authenticate, admit, validate, run the pipeline, answer."""
         requested_at = datetime.now(UTC)
         started = time.perf_counter()
         tenant = ""
         try:
-            with self._retriever.tracing.span("retrieve.validate"):
-                tenant = self._auth.tenant_of(context)
-                validated = validate_request(request, self._retriever.config, tenant)
-            remaining = context.time_remaining()
-            deadline = time.monotonic() + remaining if remaining is not None else None
-            loop = asyncio.get_running_loop()
-            # a copy of the call's context: the pipeline's spans are children of the call's
-            call = contextvars.copy_context()
-            if self._admission is None:
-                return await loop.run_in_executor(
-                    self._pool, call.run, self._retriever.retrieve, validated, deadline
-                )
-            with self._admission.admit(tenant):
+            # the token's hash decides the tenant; admission comes next, so a refused call
+            # costs no validation, no audit record and no pipeline work
+            tenant = self._auth.tenant_of(context)
+            async with self._admitted(tenant, context.time_remaining()):
+                with self._retriever.tracing.span("retrieve.validate"):
+                    validated = validate_request(request, self._retriever.config, tenant)
+                remaining = context.time_remaining()
+                deadline = time.monotonic() + remaining if remaining is not None else None
+                loop = asyncio.get_running_loop()
+                # a copy of the call's context: the pipeline's spans are children of the call's
+                call = contextvars.copy_context()
                 return await loop.run_in_executor(
                     self._pool, call.run, self._retriever.retrieve, validated, deadline
                 )
@@ -208,6 +208,15 @@ class RetrievalServicer(pb_grpc.RetrievalServiceServicer):
                 trailer += exc.trailers()
             await context.abort(code, f"{exc.code}: {detail}", trailing_metadata=trailer)
             raise  # unreachable: abort raises
+
+    def _admitted(
+        self, tenant: str, time_remaining_s: float | None
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """The tenant's admission slot for the rest of the call (OverloadedError when refused,
+        deferred if the tenant calls inside its retry hint); without admission, nothing."""
+        if self._admission is None:
+            return contextlib.nullcontext()
+        return self._admission.admitted(tenant, time_remaining_s=time_remaining_s)
 
 
 class GrpcMetrics(grpc.aio.ServerInterceptor):  # type: ignore[misc]

@@ -350,6 +350,7 @@ class Retriever:
                     "index_name": pack.index_name,
                     "requested_at": at.isoformat(),
                 },
+                tenant=request.tenant,
             )
         self.audit(pack, request.query, at)
 
@@ -367,9 +368,9 @@ class Retriever:
             return
         fingerprint = fingerprint_query(query, key=self._audit_key)
         record = request_record(pack, query=fingerprint, requested_at=at)
-        self._publisher.publish(self._audit_topic, pack.request_id, record)
+        self._publisher.publish(self._audit_topic, pack.request_id, record, tenant=pack.tenant)
         for row in result_records(pack, requested_at=at):
-            self._publisher.publish(self._audit_topic, pack.request_id, row)
+            self._publisher.publish(self._audit_topic, pack.request_id, row, tenant=pack.tenant)
 
 
 #: The payload keys the pipeline reads of a candidate: the union of what each stage's module

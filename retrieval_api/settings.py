@@ -6,9 +6,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from ragcore.kinds import missing_kind
+from ragcore.publish import PublishSettings
 from ragcore.rerankers.http import HttpRerankerConfig
 from ragcore.rerankers.onnx_cross_encoder import OnnxRerankerConfig
 from ragcore.settings import ServiceSettings
@@ -134,6 +135,10 @@ class RetrieveSettings(ServiceSettings):
     publish_enabled: bool = Field(
         default=True, description="Publish audit records and reindex requests to Kafka."
     )
+    publish: PublishSettings = Field(
+        default_factory=PublishSettings,
+        description="Bounds on each tenant's undelivered audit records and reindex requests.",
+    )
     audit_topic: str = "ragstream.audit"
     reindex_topic: str = "ragstream.reindex-requests"
     audit_hmac_key: SecretStr | None = Field(
@@ -147,3 +152,17 @@ class RetrieveSettings(ServiceSettings):
         "can be searched with a configured model (it reads every manifest).",
     )
     metrics_port: int = Field(default=9465, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _deferred_refusals_fit_under_grpc_cap(self) -> RetrieveSettings:
+        # a deferred refusal holds a gRPC call: with gRPC's hard cap full of them, gRPC would
+        # refuse every other tenant's call before the tenant is known. Leave room for the
+        # admitted calls (fewer than 2 x max_in_flight: the cap is soft by the fair shares).
+        a, cap = self.admission, self.grpc.max_concurrent_rpcs
+        if a.enabled and a.defer_s > 0 and a.defer_max_total + 2 * a.max_in_flight > cap:
+            raise ValueError(
+                f"admission.defer_max_total ({a.defer_max_total}) + 2 x admission.max_in_flight "
+                f"({a.max_in_flight}) must not exceed grpc.max_concurrent_rpcs ({cap}): "
+                "deferred refusals hold gRPC calls"
+            )
+        return self

@@ -60,9 +60,12 @@ class RecordingPublisher:
     """Keeps published records in memory."""
 
     records: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    #: the tenant each record was published for, in the same order
+    tenants: list[str] = field(default_factory=list)
 
-    def publish(self, topic: str, key: str, record: Mapping[str, Any]) -> None:
+    def publish(self, topic: str, key: str, record: Mapping[str, Any], *, tenant: str) -> None:
         self.records.append((topic, key, dict(record)))
+        self.tenants.append(tenant)
 
     def close(self, timeout_s: float = 10.0) -> None:
         return None

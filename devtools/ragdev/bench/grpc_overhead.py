@@ -1,7 +1,7 @@
 """What Retrieve's gRPC layer costs, asyncio server against a synchronous one (issue 28).
 
 Retrieve serves with `grpc.aio` (`retrieval_api.grpc_server.RetrieveServer`): the call is
-authenticated, validated and admitted on the event loop, then the pipeline runs in a worker
+authenticated, admitted and validated on the event loop, then the pipeline runs in a worker
 thread (`run_in_executor`) and the answer goes back through the loop. A plain `grpc.server`
 runs each call start to end in one pool thread, as the benchmark's floor does. This tool
 measures the difference with a stand-in pipeline that burns `--work-ms` of CPU and returns a

@@ -12,12 +12,18 @@ own CPU seconds (user + system).
 With `--flood` it is a noisy neighbour instead (`ragdev.bench.noisy`): the threads cycle
 through the queries back to back until stdin reaches EOF (the parent closes it), a refused call
 (RESOURCE_EXHAUSTED) waiting the server's retry hint first unless `--ignore-retry-hint`, and it
-prints counts by status and the latency of the answered calls.
+prints counts by status and the latency of the answered calls. With `--asyncio` the flood is
+one asyncio client instead of threads: `--concurrency` calls in flight over `--connections`
+channels, at most `--rate` calls per second in all (0: as fast as they are answered). That is
+the cheap way to keep hundreds of calls in flight from one process (issue 41: a client with
+300 callers ignoring the hints).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import resource
 import sys
@@ -107,7 +113,12 @@ def _pushback_s(err: grpc.RpcError) -> float:
     """The server's retry hint of a refused call (seconds; 0 without one)."""
     if not isinstance(err, grpc.Call):
         return 0.0
-    for key, value in err.trailing_metadata() or ():
+    return _hint_s(err.trailing_metadata())
+
+
+def _hint_s(trailers: Any) -> float:
+    """The retry hint among a call's trailers (seconds; 0 without one)."""
+    for key, value in trailers or ():
         if key == "grpc-retry-pushback-ms":
             return int(value) / 1000
     return 0.0
@@ -171,6 +182,85 @@ def flood(
     }
 
 
+async def flood_async(
+    target: str,
+    token: str,
+    queries: Sequence[str],
+    concurrency: int,
+    stop: threading.Event,
+    *,
+    honor_retry_hint: bool = True,
+    rate: float | None = None,
+    connections: int = 8,
+) -> dict[str, Any]:
+    """`concurrency` asyncio callers over `connections` channels sending `queries` round and
+    round, at most `rate` calls per second in all, until `stop` is set; the calls still in
+    flight then are cancelled (counted in `started` only)."""
+    statuses: Counter[str] = Counter()
+    started = [0]
+    answered: list[float] = []
+    refused: list[float] = []
+    waited = [0.0]
+    metadata = (("authorization", f"Bearer {token}"),)
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(connections)]
+    stubs = [pb_grpc.RetrievalServiceStub(channel) for channel in channels]
+    next_slot = [time.perf_counter()]
+    interval = 1.0 / rate if rate else 0.0
+
+    async def caller(n: int) -> None:
+        stub = stubs[n % len(stubs)]
+        i = n
+        while not stop.is_set():
+            if interval:  # pace the whole flood: each call takes the next free slot
+                now = time.perf_counter()
+                slot = next_slot[0] = max(now, next_slot[0] + interval)
+                if slot > now:
+                    await asyncio.sleep(slot - now)
+            request = pb.RetrieveRequest(query_text=queries[i % len(queries)])
+            i += concurrency
+            began = time.perf_counter()
+            started[0] += 1
+            try:
+                await stub.Retrieve(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
+            except grpc.aio.AioRpcError as err:
+                statuses[f"GRPC_{err.code().name}"] += 1
+                if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    refused.append(time.perf_counter() - began)
+                pause = _hint_s(err.trailing_metadata()) if honor_retry_hint else 0.0
+                if pause:
+                    waited[0] += pause
+                    await asyncio.sleep(pause)
+            else:
+                statuses["OK"] += 1
+                answered.append(time.perf_counter() - began)
+
+    for channel in channels:
+        await asyncio.wait_for(channel.channel_ready(), 30)
+    cpu = _cpu_s()
+    began = time.perf_counter()
+    tasks = [asyncio.create_task(caller(n)) for n in range(concurrency)]
+    await asyncio.to_thread(stop.wait)
+    wall = time.perf_counter() - began
+    cpu = _cpu_s() - cpu
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    for channel in channels:
+        await channel.close()
+    return {
+        "started": started[0],
+        "statuses": dict(statuses),
+        "answered_latency_s": answered,
+        "refused_latency_s": refused,
+        "retry_wait_s": waited[0],
+        "wall_s": wall,
+        "cpu_s": cpu,
+    }
+
+
 def _stop_on_eof(stop: threading.Event) -> None:
     while sys.stdin.buffer.read(4096):
         pass
@@ -187,11 +277,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--flood", action="store_true", help="flood until stdin closes")
     parser.add_argument("--ignore-retry-hint", action="store_true")
     parser.add_argument("--timeout", type=float, default=CALL_TIMEOUT_S, help="seconds per call")
+    parser.add_argument("--asyncio", action="store_true", help="flood from one asyncio client")
+    parser.add_argument("--rate", type=float, default=0.0, help="asyncio flood: calls/s cap")
+    parser.add_argument("--connections", type=int, default=8, help="asyncio flood: channels")
     args = parser.parse_args(argv)
     queries = json.loads(args.queries.read_text(encoding="utf-8"))
     if args.flood:
         stop = threading.Event()
         threading.Thread(target=_stop_on_eof, args=(stop,), daemon=True).start()
+        if args.asyncio:
+            report = asyncio.run(
+                flood_async(
+                    args.target,
+                    args.token,
+                    queries,
+                    args.concurrency,
+                    stop,
+                    honor_retry_hint=not args.ignore_retry_hint,
+                    rate=args.rate or None,
+                    connections=args.connections,
+                )
+            )
+            json.dump(report, sys.stdout)
+            return 0
         report = flood(
             args.target,
             args.token,
