@@ -29,6 +29,10 @@ def test_bench_cdc_prints_one_json_report_of_freshness_and_snapshot() -> None:
             "10",
             "--snapshot-rows",
             "60",
+            "--bulk-rows",
+            "40",
+            "--bulk-probe-rate",
+            "5",
         ],
         capture_output=True,
         text=True,
@@ -42,6 +46,9 @@ def test_bench_cdc_prints_one_json_report_of_freshness_and_snapshot() -> None:
     (freshness,) = report["measured"]["freshness"]
     assert snapshot["rows"] == 60 and snapshot["end_to_end_rows_per_s"] > 0
     assert snapshot["end_to_end_vs_embedder_alone"] > 0
+    # the drain leaves out Kafka Connect's start: faster than end to end
+    assert snapshot["drain_rows_per_s"] > snapshot["end_to_end_rows_per_s"]
+    assert len(snapshot["embedder_alone_before_after_rows_per_s"]) == 2
     assert freshness["changes"] == 12 and freshness["rate_per_s"] == 10
     # every change timed by the worker; the sample (every 5th at 10/s, 2/s) through Retrieve
     acked = freshness["commit_to_acknowledged_s"]
@@ -73,3 +80,17 @@ def test_bench_cdc_prints_one_json_report_of_freshness_and_snapshot() -> None:
     goal = report["goals"]["freshness_p95_s"]
     assert goal["measured"] == [acked["p95"], searchable["p95"]]
     assert set(report["legend"]) >= {"commit_to_acknowledged_s", "stages_s.handle"}
+    # (c): the quiet tenant alone, then the bulk with fairness on and off, side by side
+    bulk = report["bulk"]
+    assert bulk["unloaded"]["quiet_changes"] == 20
+    for phase, fair in (("fairness_on", True), ("fairness_off", False)):
+        assert bulk[phase]["fair"] is fair and bulk[phase]["bulk_rows"] == 40
+        assert bulk[phase]["bulk_rows_per_s"] > 0 and bulk[phase]["quiet_changes"] >= 1
+        memory = bulk[phase]["memory"]
+        assert memory["rss_peak_mb"] >= memory["rss_start_mb"] > 0
+        assert 0 < memory["read_ahead_peak_records"] <= bulk["read_ahead_budget"]["records"]
+    assert set(bulk["goals"]) == {
+        "quiet_p95_s",
+        "quiet_p95_vs_unloaded",
+        "bulk_drain_vs_fairness_off",
+    }
