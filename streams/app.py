@@ -423,6 +423,7 @@ def build_worker(
         reindex_topic=settings.consumer.reindex_topic,
         other_models=other_models,
         locate=lambda event: record_identity(event, settings.plan),
+        documents=[m.label for m in catalog if m.document is not None],
         tenant_class=lambda tenant: (
             schedule.tenants[tenant].tenant_class if tenant in schedule.tenants else "default"
         ),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from ragcore.embedders.base import Embedder
@@ -92,6 +92,7 @@ class IngestHandler:
         clock: Callable[[], float] = time.time,
         locate: Locator | None = None,
         tenant_class: Callable[[str], str] = lambda _tenant: "default",
+        documents: Collection[str] = (),
     ) -> None:
         """`embedder`/`preparer` are the primary model; `other_models` are further models
         (embedder and its preparer) that targets may name, e.g. the next model during a
@@ -101,6 +102,8 @@ class IngestHandler:
         self._plan = plan
         self._locate = locate
         self._tenant_class = tenant_class
+        #: the labels of the document tables (their entities are heavy to apply)
+        self._documents = frozenset(documents)
         self._reindex_topic = reindex_topic
         self._clock = clock
         self._stages = Stages(
@@ -142,6 +145,7 @@ class IngestHandler:
             locate=self._locate,
             stages=self._stages,
             clock=self._clock,
+            documents=self._documents,
         )
         return None if routed is None else Routed(*routed)
 
@@ -302,6 +306,7 @@ class IngestHandler:
             clock=self._clock,
             locate=self._locate,
             tenant_class=self._tenant_class,
+            documents=self._documents,
         )
 
     # --- the stages -------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ragcore.errors import ConfigError, MappingError, RagstreamError
+from ragcore.mapping import table_of_entity
 from ragcore.plan import Action, Plan, RecordIdentity
 from ragcore.store.ids import TenantId
 from schemas.events import ChangeEvent, Op, RawRecord, RecordKind
@@ -87,10 +88,12 @@ def route_record(
     locate: Locator | None,
     stages: Stages,
     clock: Callable[[], float] = time.time,
+    documents: frozenset[str] = frozenset(),
 ) -> tuple[Route, Callable[[], Pending | None]] | None:
     """Where a record goes in the scheduler and how to plan it (planning waits until the
     record is kept); None for a record that needs no work. Never raises for the record's
-    content."""
+    content. `documents`: the labels of the tables whose entities are documents (a re-read of
+    one reads its file: few go in one batch)."""
     read_at = clock()
     if reindex_topic is not None and rec.topic == reindex_topic:
         request = _reindex_plan(rec, stages)
@@ -98,7 +101,10 @@ def route_record(
             return Route("", Lane.REINDEX), lambda: Pending(letters=(request,), started=read_at)
         assert request.tenant_id is not None and request.entity_id is not None
         work = Work(request, (rec,))
-        pending = Pending({(request.entity_id, True): work}, lane=Lane.REINDEX, started=read_at)
+        heavy = table_of_entity(request.entity_id) in documents
+        pending = Pending(
+            {(request.entity_id, True): work}, lane=Lane.REINDEX, heavy=heavy, started=read_at
+        )
         return Route(request.tenant_id, Lane.REINDEX, request.entity_id), lambda: pending
     started = time.perf_counter()
     try:
@@ -122,7 +128,14 @@ def route_record(
     key = None if event.kind is not RecordKind.CHANGE else identity.entity_id
     route = Route(identity.tenant_id or "", lane, key, barrier)
     return route, lambda: _prepare(
-        rec, event, lane=lane, read_at=read_at, plan=plan, locate=locate, stages=stages
+        rec,
+        event,
+        lane=lane,
+        read_at=read_at,
+        plan=plan,
+        locate=locate,
+        stages=stages,
+        documents=documents,
     )
 
 
@@ -135,6 +148,7 @@ def _prepare(
     plan: Planner,
     locate: Locator | None,
     stages: Stages,
+    documents: frozenset[str],
 ) -> Pending | None:
     """The record's work (None: a skip), or its dead letter."""
     started = time.perf_counter()
@@ -161,7 +175,10 @@ def _prepare(
         return Pending(truncate=Work(planned, (rec,)), lane=lane, started=read_at)
     works: dict[tuple[str, bool], Work] = {}
     reduce_work(works, Work(planned, (rec,)))
-    heavy = planned.deferred is not None
+    # a document row's file is read when applied: its own, or the SoR's at a re-read
+    heavy = planned.deferred is not None or (
+        planned.action is Action.REFETCH and planned.table in documents
+    )
     return Pending(works, lane=lane, heavy=heavy, started=read_at)
 
 
