@@ -498,8 +498,10 @@ def dlq_headers(letter: DeadLetter, truncated: bool) -> list[tuple[str, str | by
         "source.timestamp_ms": "" if rec.timestamp_ms is None else str(rec.timestamp_ms),
         "value.truncated": "true" if truncated else "false",
     }
+    # a value that is no valid UTF-8 text (a lone surrogate from a JSON escape in the row) is
+    # written escaped: a header never fails the letter that explains it
     own: list[tuple[str, str | bytes | None]] = [
-        (DLQ_HEADER_PREFIX + k, v.encode()) for k, v in fields.items()
+        (DLQ_HEADER_PREFIX + k, v.encode("utf-8", "backslashreplace")) for k, v in fields.items()
     ]
     original: list[tuple[str, str | bytes | None]] = [(k, v) for k, v in rec.headers]
     return own + original
