@@ -36,6 +36,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import signal
@@ -1246,17 +1247,7 @@ class ConsumerLoop:
                 failures.append(str(err))
 
         for letter in letters:
-            value = letter.record.value
-            truncated = value is not None and len(value) > self._config.dlq_max_value_bytes
-            if truncated and value is not None:
-                value = value[: self._config.dlq_max_value_bytes]
-            producer.produce(
-                self._config.dlq_topic,
-                key=letter.record.key,
-                value=value,
-                headers=dlq_headers(letter, truncated),
-                on_delivery=on_delivery,
-            )
+            self._produce_letter(producer, letter, on_delivery)
             self._metrics.dlq.labels(letter.code).inc()
             log.warning(
                 "DLQ %s[%d]@%d %s: %s",
@@ -1274,6 +1265,51 @@ class ConsumerLoop:
                 f"DLQ delivery to {self._config.dlq_topic} failed ({remaining} undelivered): "
                 f"{failures[:3]}"
             )
+
+    def _produce_letter(
+        self,
+        producer: Producer,
+        letter: DeadLetter,
+        on_delivery: Callable[[KafkaError | None, Message], None],
+    ) -> None:
+        """Queue one letter: its value cut at `dlq_max_value_bytes` (and its key, past an
+        eighth of it: a letter must fit the broker's message size whatever the record held);
+        a letter the client still refuses as too large goes without its value and original
+        headers. A full local queue is flushed once, then is an outage of the DLQ."""
+        limit = self._config.dlq_max_value_bytes
+        value, key = letter.record.value, letter.record.key
+        truncated = value is not None and len(value) > limit
+        if truncated and value is not None:
+            value = value[:limit]
+        if key is not None and len(key) > limit // 8:
+            key = key[: limit // 8]
+            letter = dataclasses.replace(letter, message=f"(key cut) {letter.message}")
+        headers = dlq_headers(letter, truncated)
+        for attempt in range(2):
+            try:
+                producer.produce(
+                    self._config.dlq_topic,
+                    key=key,
+                    value=value,
+                    headers=headers,
+                    on_delivery=on_delivery,
+                )
+                return
+            except BufferError:
+                if attempt:
+                    raise DeadLetterUnavailableError(
+                        f"the DLQ producer's queue stays full ({self._config.dlq_topic})"
+                    ) from None
+                producer.flush(5)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE or attempt:
+                    raise DeadLetterUnavailableError(
+                        f"DLQ produce to {self._config.dlq_topic} failed: {exc}"
+                    ) from exc
+                # the record's own headers or key made it too large: the letter says so
+                value = None
+                headers = [h for h in headers if h[0].startswith(DLQ_HEADER_PREFIX)]
+                headers.append((DLQ_HEADER_PREFIX + "value.dropped", b"too large for the DLQ"))
 
     def close(self) -> None:
         """Flush the DLQ producer and leave the group."""

@@ -132,3 +132,17 @@ def test_a_reindex_request_that_is_not_an_object_is_a_bad_request_not_a_crash(
     wait_committed(env.broker.bootstrap_servers, env.group, requests, last, 60)
     codes = [h["ragstream.error.code"] for h in letters_by_entity(env).values()]
     assert codes == ["BAD_REINDEX_REQUEST"] * len(values)
+
+
+def test_a_record_with_a_huge_key_is_dead_lettered_within_the_dlq_message_size(env: Env) -> None:
+    env.start_worker()
+    huge_key = b'{"id": "' + b"k" * 2_000_000 + b'"}'  # a 2 MB primary key
+    env.wait(env.produce([Record(huge_key, b"{not json"), Record(b'{"id": "ok"}', b"{not json")]))
+    letters = read_all(env.broker.bootstrap_servers, env.dlq)
+    assert len(letters) == 2
+    big = next(m for m in letters if len(m.key() or b"") > 100)
+    assert len(big.key()) < 200_000  # cut to fit the DLQ's message size
+    headers = {k: (v or b"").decode() for k, v in big.headers()}
+    assert headers["ragstream.error.code"] == "DECODE_ERROR"
+    assert headers["ragstream.error.message"].startswith("(key cut)")
+    assert env.workers[0][1].is_alive()
