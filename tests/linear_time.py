@@ -20,7 +20,7 @@ GROWTH = 8
 MAX_RATIO = 24.0
 MIN_SECONDS = 0.003
 ROUNDS = 5
-ATTEMPTS = 3
+ATTEMPTS = 5
 
 
 @dataclass(frozen=True)

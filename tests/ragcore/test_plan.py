@@ -573,7 +573,8 @@ def test_record_identity_names_what_it_can_and_never_raises() -> None:
     bad = change(Op.CREATE, after=row(metadata="{not json"))
     assert record_identity(bad, config) == RecordIdentity("entities", "entities:ent-1", "acme")
     no_key = change(Op.CREATE, after=row(id=None), key={"other": 1})
-    assert record_identity(no_key, config) == RecordIdentity("entities")
+    # no key columns: no entity, but the row still names its tenant
+    assert record_identity(no_key, config) == RecordIdentity("entities", None, "acme")
     elsewhere = ChangeEvent(
         kind=RecordKind.CHANGE,
         position=RecordPosition("other.topic", 0, 1),

@@ -268,7 +268,8 @@ class SystemOfRecordContract:
         reasons = {k: verdicts[f"entities:{k}"].row_error for k in ("b-json", "b-deep", "b-time")}
         # a MappingError keeps its code; what Python itself raises is named by its type
         assert reasons["b-json"] == "MAPPING_ERROR"
-        assert reasons["b-deep"] in {"RecursionError", "VALUE_UNDECODABLE"}
+        # nested past the mapping's depth limit (or PostgreSQL's loader could not decode it)
+        assert reasons["b-deep"] in {"MAPPING_ERROR", "VALUE_UNDECODABLE"}
         assert reasons["b-time"] in {"MAPPING_ERROR", "VALUE_UNDECODABLE"}
         for key in ("b-json", "b-deep", "b-time"):
             verdict = verdicts[f"entities:{key}"]
