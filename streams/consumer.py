@@ -770,7 +770,7 @@ class ConsumerLoop:
         none of this member's writes lands after its successor's), commit what they finished."""
         revoked = [(p.topic, p.partition) for p in partitions]
         in_flight = self.scheduler.revoke(revoked)
-        wait = self._config.scheduler.revoke_wait_s
+        wait = self._config.scheduler.revoke_wait_s if self._failure is None else 0.0
         if in_flight and not self.scheduler.wait_idle(in_flight, wait):
             log.error(
                 "revoking %s: its batch in flight did not finish within %.0f s; the partitions "
@@ -986,6 +986,11 @@ class ConsumerLoop:
                 if span is not None:
                     span.set_attribute("ragstream.outcome", "retried")
                 return 0
+            except BaseException:
+                # fatal: nothing of the batch is applied or finished; it is no longer in flight
+                # (a revocation on the way out must not wait for it)
+                self.scheduler.requeue(batch)
+                raise
             if span is not None:
                 span.set_attribute("ragstream.outcome", "applied")
         for unit in batch:

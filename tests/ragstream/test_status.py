@@ -33,6 +33,7 @@ from ragstream.status import (
     parse,
     standing_out,
 )
+from streams.metrics import IngestMetrics
 from streams.reconcile import ReconcileMetrics, ReconcileReport
 from tests.ragstream.conftest import RunningDev
 
@@ -116,6 +117,37 @@ def test_stale_calibrations_are_counted_from_the_workers_gauge() -> None:
     row = rows[STALE_ROW]
     assert (row.value, row.breached) == (2, False)  # stale and unreadable; the prior is not
     assert "ragstream calibrate --stale" in row.note
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("assigned", "beat_age", "breached"),
+    [
+        (4, 1.0, set()),
+        (0, 1.0, {"ingest partitions assigned"}),
+        (2, 600.0, {"ingest loop heartbeat age"}),
+    ],
+)
+def test_a_worker_that_holds_no_partition_or_whose_loop_is_lost_is_a_breach_not_quiet(
+    assigned: int, beat_age: float, breached: set[str]
+) -> None:
+    # the dev stack once said "consumer lag 0 over 0 partitions: ok" after its loop died
+    registry = CollectorRegistry()
+    metrics = IngestMetrics(registry)
+    metrics.assigned_partitions.set(assigned)
+    metrics.loop_heartbeat.labels("intake").set(time.time())
+    metrics.loop_heartbeat.labels("apply").set(time.time() - beat_age)
+    server, thread = start_http_server(0, "127.0.0.1", registry=registry)
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    try:
+        report = from_metrics([url], Slos(), window_s=0)
+    finally:
+        server.shutdown()
+        thread.join(5)
+    rows = {r.name: r for r in report.rows}
+    assert rows["ingest partitions assigned"].value == assigned
+    assert rows["ingest loop heartbeat age"].value == pytest.approx(beat_age, abs=5)
+    assert {r.name for r in report.breached} == breached
 
 
 @pytest.mark.integration

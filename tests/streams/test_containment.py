@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
+from ragcore.errors import ConfigError
 from ragcore.prepare import Preparer
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.entities import Chunk, Entity
 from schemas.events import Op
+from streams.ingest import IngestHandler
 from tests.streams.support import (
     Record,
     SorModel,
@@ -146,3 +148,31 @@ def test_a_record_with_a_huge_key_is_dead_lettered_within_the_dlq_message_size(e
     assert headers["ragstream.error.code"] == "DECODE_ERROR"
     assert headers["ragstream.error.message"].startswith("(key cut)")
     assert env.workers[0][1].is_alive()
+
+
+def test_a_worker_whose_loop_dies_says_so_and_its_run_raises(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A configuration error in the apply thread (a target built with a model the worker does not
+    # hold) is not a row's fault: the worker must not live on indexing nothing.
+    def broken(self: object, payloads: object) -> object:
+        raise ConfigError("rag__acme__v2 is built with another-model, which this worker lacks")
+
+    monkeypatch.setattr(IngestHandler, "apply", broken)
+    worker = env.start_worker()
+    thread = env.workers[0][1]
+    sor = SorModel(seed=8)
+    env.produce([sor.put("x", "acme", "Anything.")])
+    thread.join(30)
+    assert not thread.is_alive()  # the loop ended: its run raised, naming the cause
+    (error,) = env.loop_errors
+    assert "ConfigError: rag__acme__v2 is built with another-model" in str(error)
+    assert isinstance(worker.loop.failure, ConfigError)
+    assert worker.stop.is_set()  # the worker's other threads stop with it
+    beats = {
+        s.labels["thread"]
+        for family in env.registry.collect()
+        if family.name == "ragstream_ingest_loop_heartbeat_timestamp_seconds"
+        for s in family.samples
+    }
+    assert beats == {"intake", "apply"}

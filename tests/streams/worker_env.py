@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from ragcore.errors import StoreUnavailableError
+from ragcore.errors import RagstreamError, StoreUnavailableError
 from ragcore.kafka_config import KafkaSettings
 from ragcore.settings import StoreSettings
 from ragcore.store.base import PointRecord, VectorStore
@@ -64,6 +64,8 @@ class Env:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     session_timeout_ms: int = 2000
     consumer_overrides: dict[str, Any] = field(default_factory=dict)
+    #: what a worker's `loop.run` raised (its processing loop died)
+    loop_errors: list[Exception] = field(default_factory=list)
 
     def settings(self, **consumer: Any) -> IngestSettings:
         return IngestSettings(
@@ -94,7 +96,14 @@ class Env:
         )
         worker.check()
         worker.loop.start()
-        thread = threading.Thread(target=worker.loop.run, args=(worker.stop,), daemon=True)
+
+        def run() -> None:
+            try:
+                worker.loop.run(worker.stop)
+            except RagstreamError as exc:  # the loop died: the test asserts on it
+                self.loop_errors.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
         thread.start()
         self.workers.append((worker, thread))
         return worker
