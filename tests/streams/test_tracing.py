@@ -80,4 +80,4 @@ def test_each_handled_batch_is_one_ingest_span(kafka_broker: TansuBroker, tmp_pa
     for a in attributes:
         assert a["messaging.system"] == "kafka"
         assert a["messaging.consumer.group.name"] == group
-        assert a["ragstream.outcome"] == "committed"
+        assert a["ragstream.outcome"] == "applied"
