@@ -36,6 +36,11 @@ __all__ = ["AuthenticationError", "Authenticator", "Credentials", "PeerThrottle"
 log = logging.getLogger(__name__)
 
 _HEX = frozenset("0123456789abcdef")
+#: `reason` of `ragstream_retrieve_auth_failures_total` and `source` of
+#: `ragstream_retrieve_config_reloads_total`, exported at 0 from the start (a healthy server's
+#: dashboard shows 0, not "no data").
+AUTH_FAILURE_REASONS = ("missing", "malformed", "unknown", "expired", "throttled")
+RELOAD_SOURCES = ("credentials", "quotas")
 
 
 class AuthenticationError(RagstreamError):
@@ -219,6 +224,8 @@ class AuthMetrics:
             ["reason"],
             registry=registry,
         )
+        for reason in AUTH_FAILURE_REASONS:
+            self.failures.labels(reason)
         self.blocked = Counter(
             "ragstream_retrieve_auth_blocked_peers",
             "Times a peer address was blocked after repeated authentication failures.",
@@ -231,6 +238,9 @@ class AuthMetrics:
             ["source", "outcome"],
             registry=registry,
         )
+        for source in RELOAD_SOURCES:
+            for outcome in ("ok", "error"):
+                self.reloads.labels(source, outcome)
         self.reload_ok = Gauge(
             "ragstream_retrieve_config_reload_ok",
             "1 when the last reload of the source (credentials, quotas) succeeded, 0 while its "

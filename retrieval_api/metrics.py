@@ -7,6 +7,9 @@ from typing import Generic, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
+from ragcore.grpc_codes import SERVER_ERROR_CODES
+from retrieval_api.ranking import ExclusionReason
+
 M = TypeVar("M", bound=MetricWrapperBase)
 
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -106,9 +109,19 @@ class RetrieveMetrics:
         )
         # the hot path's children, looked up once (see `Children`)
         self.requests_of = Children(self.requests)
+        # exported at 0 from the start: a healthy server's panels show 0, not "no data", and
+        # the first burst of a server error counts in `rate()` (RagstreamRetrieveErrorRate)
+        for status, code in (
+            ("SUCCESS", "OK"),
+            ("NO_EVIDENCE", "OK"),
+            *(("FAILED", code) for code in SERVER_ERROR_CODES),
+        ):
+            self.requests_of(status, code)
         self.stage_seconds_of = Children(self.stage_seconds)
         self.stage_cpu_seconds_of = Children(self.stage_cpu_seconds)
         self.query_cache_of = Children(self.query_cache)
         self.excluded_of = Children(self.excluded)
+        for reason in ExclusionReason:
+            self.excluded_of(reason.value)
         self.term_counts_stored = self.term_counts.labels("stored")
         self.term_counts_text = self.term_counts.labels("text")

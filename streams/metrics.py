@@ -52,6 +52,9 @@ DLQ_CODES = (
 )
 #: The lanes of the ingest scheduler (`streams.scheduler.Lane` labels), exported from the start.
 LANES = ("live", "bulk", "reindex")
+#: The `dependency` of `ragstream_ingest_backpressure_total` (`streams.consumer.DEPENDENCY`),
+#: exported at 0 from the start: a healthy worker's dashboard shows none, not "no data".
+DEPENDENCIES = ("embedder", "store", "sor", "dlq")
 _FRESHNESS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120, 300, 900, 3600)
 
 
@@ -147,7 +150,7 @@ class IngestMetrics:
         )
         self.paused_partitions = Gauge(
             "ragstream_ingest_paused_partitions",
-            "Partitions paused for backpressure right now.",
+            "Partitions paused right now (fetching stops while the read-ahead budget is full).",
             registry=registry,
         )
         self.backpressure = Counter(
@@ -156,6 +159,8 @@ class IngestMetrics:
             ["dependency"],
             registry=registry,
         )
+        for dependency in DEPENDENCIES:
+            self.backpressure.labels(dependency)
         self.committed_offset = Gauge(
             "ragstream_ingest_committed_offset",
             "Last committed offset per topic partition.",

@@ -168,9 +168,15 @@ class ReconcileMetrics:
         )
         self.last_run = Gauge(
             "ragstream_reconcile_last_run_timestamp_seconds",
-            "Unix time of the last reconciliation.",
+            "Unix time of the last reconciliation (0: none yet).",
             registry=registry,
         )
+        # 0 until the first run (last_run 0 says none ran): a dashboard shows values, not
+        # "no data", and the alerts (drift > 100, stale calibrations > 0) read nothing into it
+        for kind in (*DRIFT_KINDS, *BLIND_KINDS):
+            self.drift.labels(kind)
+        for state in CALIBRATION_STATES:
+            self.calibration.labels(state)
 
     def record(self, report: ReconcileReport) -> None:
         """Export a report's counts."""

@@ -617,3 +617,48 @@ def produce_poison(bootstrap: str, topic: str, count: int) -> None:
     for n in range(count):
         producer.produce(topic, key=f'{{"id": "poison-{n}"}}'.encode(), value=b"\x00not json")
     assert producer.flush(30) == 0
+
+
+def produce_late_snapshot_row(
+    bootstrap: str, topic: str, *, tenant: str, entity_id: str, text: str, age_s: float
+) -> None:
+    """A snapshot row of `tenant` (a new entity `entity_id` with content `text`) whose Kafka
+    record was written `age_s` seconds ago: one of Debezium's own start-up snapshot records of
+    `topic`, re-keyed and re-timestamped. The worker routes it to the bulk lane; its waiting
+    age counts from that timestamp."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"late-snapshot-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 30
+        while True:
+            assert time.monotonic() < deadline, f"no snapshot record in {topic}"
+            msg = consumer.poll(1.0)
+            raw = None if msg is None or msg.error() is not None else msg.value()
+            if raw is None:
+                continue
+            value = json.loads(raw)
+            payload = value["payload"] if "schema" in value else value
+            if payload.get("op") == "r":
+                break
+    finally:
+        consumer.close()
+    assert msg is not None
+    key = json.loads(msg.key() or b"{}")
+    key_payload = key["payload"] if "schema" in key else key
+    key_payload["id"] = entity_id
+    after = payload["after"]
+    after.update({"id": entity_id, "company_id": tenant, "name": entity_id, "content": text})
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(
+        topic,
+        key=json.dumps(key).encode(),
+        value=json.dumps(value).encode(),
+        timestamp=int((time.time() - age_s) * 1000),
+    )
+    assert producer.flush(30) == 0

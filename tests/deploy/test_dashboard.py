@@ -95,6 +95,17 @@ def test_dashboard_covers_what_operators_watch(dashboard: dict[str, Any]) -> Non
         "grpc_server_handling_seconds_bucket",  # latency
         "ragstream_retrieve_requests_total",  # status mix, NO_EVIDENCE
         "ragstream_retrieve_excluded_total",  # stale exclusions
+        "ragstream_ingest_read_ahead_records",  # the read-ahead in use ...
+        "ragstream_ingest_read_ahead_budget_records",  # ... against its budget
+        "ragstream_ingest_read_ahead_bytes",
+        "ragstream_ingest_read_ahead_budget_bytes",
+        "ragstream_ingest_backlog_records",  # waiting, by tenant class and lane
+        "ragstream_ingest_backlog_oldest_age_seconds",
+        "ragstream_ingest_read_ahead_dropped_total",  # drops and rescans
+        "ragstream_ingest_rescans_total",
+        "ragstream_ingest_restart_records_total",
+        "ragstream_ingest_commit_metadata_cut_total",
+        "ragstream_ingest_loop_heartbeat_timestamp_seconds",  # a lost loop
     }
     assert needed <= referenced, needed - referenced
     for fragment in (
@@ -103,6 +114,9 @@ def test_dashboard_covers_what_operators_watch(dashboard: dict[str, Any]) -> Non
         "histogram_quantile(0.95, sum by (le) (rate(ragstream_ingest_freshness_seconds_bucket",
         "histogram_quantile(0.95, sum by (stage, le) (rate(ragstream_ingest_stage_seconds_bucket",
         'status="NO_EVIDENCE"',
+        # the freshness SLO is judged per tenant class on the live lane
+        "sum by (tenant_class, le) (rate(ragstream_ingest_freshness_seconds_bucket"
+        '{job=~"$ingest_job", lane="live"}',
         'reason=~"stale|deleted|missing"',
         "sum by (status)",
     ):

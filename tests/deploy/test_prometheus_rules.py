@@ -30,6 +30,7 @@ EXPECTED_ALERTS = {
     "RagstreamIngestNoActiveConsumer",
     "RagstreamIngestDLQSpike",
     "RagstreamFreshnessSLOBreach",
+    "RagstreamIngestBackgroundLaneBehind",
     "RagstreamRetrieveErrorRate",
     "RagstreamRetrieveLatencyHigh",
     "RagstreamRetrieveStaleExclusionSpike",
@@ -84,8 +85,8 @@ def test_promtool_rule_unit_tests_pass() -> None:
 def test_promtool_rule_unit_tests_catch_a_broken_threshold(tmp_path: Path) -> None:
     # The same tests against rules whose freshness threshold was loosened must fail.
     broken = ALERTS_FILE.read_text(encoding="utf-8").replace(
-        "(rate(ragstream_ingest_freshness_seconds_bucket[5m]))\n          ) > 2",
-        "(rate(ragstream_ingest_freshness_seconds_bucket[5m]))\n          ) > 20",
+        '(rate(ragstream_ingest_freshness_seconds_bucket{lane="live"}[5m]))\n          ) > 2',
+        '(rate(ragstream_ingest_freshness_seconds_bucket{lane="live"}[5m]))\n          ) > 20',
     )
     assert broken != ALERTS_FILE.read_text(encoding="utf-8")
     (tmp_path / "alerts.yml").write_text(broken, encoding="utf-8")

@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry
 
 from ragcore.errors import ConfigError
 from retrieval_api.auth import (
+    AUTH_FAILURE_REASONS,
+    RELOAD_SOURCES,
     AuthenticationError,
     Authenticator,
     AuthThrottledError,
@@ -155,6 +157,30 @@ def test_repeated_failures_from_one_peer_block_it_and_are_counted() -> None:
     assert value("ragstream_retrieve_auth_blocked_peers_total") == 1
 
 
+def test_failure_reasons_and_reloads_start_at_zero_and_failures_count_there() -> None:
+    registry = CollectorRegistry()
+    auth = Authenticator(AuthSettings(tokens={"acme": sha("good")}), registry)
+    value = registry.get_sample_value
+    failures = "ragstream_retrieve_auth_failures_total"
+    for source in RELOAD_SOURCES:
+        for outcome in ("ok", "error"):
+            labels = {"source": source, "outcome": outcome}
+            assert value("ragstream_retrieve_config_reloads_total", labels) == 0
+    assert all(value(failures, {"reason": r}) == 0 for r in AUTH_FAILURE_REASONS)
+    for call in (Call(), Call(""), Call("guess")):  # missing, malformed, unknown
+        with pytest.raises(AuthenticationError):
+            tenant(auth, call)
+    counted = {
+        sample.labels["reason"]: sample.value
+        for family in registry.collect()
+        if family.name == "ragstream_retrieve_auth_failures"
+        for sample in family.samples
+        if sample.name == failures
+    }
+    assert set(counted) == set(AUTH_FAILURE_REASONS)  # no reason outside the list
+    assert {r for r, n in counted.items() if n} == {"missing", "malformed", "unknown"}
+
+
 def test_the_block_ends_and_old_failures_leave_the_window() -> None:
     clock = [0.0]
     throttle = PeerThrottle(2, window_s=10, block_s=5, clock=lambda: clock[0])
@@ -205,7 +231,7 @@ def test_the_server_s_poll_reloads_changed_files_and_flags_a_broken_one(tmp_path
     value = registry.get_sample_value
     reloads = "ragstream_retrieve_config_reloads_total"
     watched.poll()
-    assert value(reloads, {"source": "quotas", "outcome": "ok"}) is None  # nothing changed
+    assert value(reloads, {"source": "quotas", "outcome": "ok"}) == 0  # nothing changed
     quotas.write_text(json.dumps({"tenants": {"acme": {"concurrency": 3}}}))
     tokens.write_text(json.dumps({"acme": [sha("one"), sha("two")]}))
     watched.poll()

@@ -77,3 +77,21 @@ def test_known_dlq_codes_are_exported_at_zero_before_the_first_dead_letter() -> 
     IngestMetrics(registry)
     for code in DLQ_CODES:
         assert registry.get_sample_value("ragstream_ingest_dlq_records_total", {"code": code}) == 0
+
+
+def test_backpressure_starts_at_zero_and_no_heartbeat_is_exported_before_its_loop_runs() -> None:
+    # a healthy worker's dashboard shows 0 per dependency, not "no data"; a heartbeat at 0
+    # would read as a loop lost since 1970, so it appears only once its thread goes round
+    from streams.consumer import DEPENDENCY
+    from streams.metrics import DEPENDENCIES, IngestMetrics
+
+    assert set(DEPENDENCIES) == set(DEPENDENCY.values())
+    registry = CollectorRegistry()
+    metrics = IngestMetrics(registry)
+    value = registry.get_sample_value
+    for dependency in DEPENDENCIES:
+        assert value("ragstream_ingest_backpressure_total", {"dependency": dependency}) == 0
+    heartbeat = "ragstream_ingest_loop_heartbeat_timestamp_seconds"
+    assert value(heartbeat, {"thread": "apply"}) is None
+    metrics.loop_heartbeat.labels("apply").set(1_000.0)
+    assert value(heartbeat, {"thread": "apply"}) == 1_000.0

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from psycopg.rows import dict_row
 from pydantic import SecretStr
 
-from ragcore.calibration_state import CalibrationState
+from ragcore.calibration_state import CALIBRATION_STATES, CalibrationState
 from ragcore.kafka_config import KafkaSettings
 from ragcore.settings import SorSettings, StoreSettings
 from ragcore.sparse import Bm25Encoder
@@ -30,7 +30,13 @@ from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.events import Op, RawRecord
 from streams.app import IngestWorker, build_worker
 from streams.ingest import SorBatch
-from streams.reconcile import ReconcileMetrics, ReconcileReport, reconcile
+from streams.reconcile import (
+    BLIND_KINDS,
+    DRIFT_KINDS,
+    ReconcileMetrics,
+    ReconcileReport,
+    reconcile,
+)
 from streams.settings import IngestSettings
 from tests.streams.support import HashEmbedder, content, eid, entities_plan, index_snapshot
 
@@ -230,6 +236,19 @@ def test_placement_gauges_count_tenants_and_due_promotions() -> None:
     assert gauge("ragstream_tenants_calibration", {"state": "prior"}) == 0
     assert gauge("ragstream_tenants", {"placement": "dedicated"}) == 1
     assert gauge("ragstream_tenants_due_for_promotion") == 1
+
+
+def test_before_the_first_run_every_kind_and_state_reads_zero_and_the_last_run_never() -> None:
+    # the worker's first run is one interval after it starts: until then the dashboard shows
+    # zeros (not "no data") and the last run at 0 says none ran
+    registry = CollectorRegistry()
+    ReconcileMetrics(registry)
+    gauge = registry.get_sample_value
+    for kind in (*DRIFT_KINDS, *BLIND_KINDS):
+        assert gauge("ragstream_reconcile_drift_entities", {"kind": kind}) == 0
+    for state in CALIBRATION_STATES:
+        assert gauge("ragstream_tenants_calibration", {"state": state}) == 0
+    assert gauge("ragstream_reconcile_last_run_timestamp_seconds") == 0
 
 
 def test_a_write_to_a_version_a_reindex_dropped_is_retried_on_fresh_targets(
