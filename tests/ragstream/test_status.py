@@ -35,6 +35,7 @@ from ragstream.status import (
 )
 from streams.metrics import IngestMetrics
 from streams.reconcile import ReconcileMetrics, ReconcileReport
+from tests.ragdev.test_dev_stack import entity_ids, wait_for
 from tests.ragstream.conftest import RunningDev
 
 BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0)
@@ -168,6 +169,18 @@ def test_status_reads_a_running_stack_and_exits_non_zero_on_a_breach(
             "query", *target, "--tenant", "acme", "--data-dir", str(running_dev.dev.data_dir), " "
         )
         assert malformed.returncode != 0 and "INVALID_ARGUMENT" in malformed.stderr
+    # the stack's first load is a snapshot (the bulk lane); the freshness SLO judges live
+    # changes: make one and wait until it is searchable
+    running_dev.dev.cli(
+        "sor", "put", "--tenant", "acme", "--id", "status-canary",
+        "--text", "The status canary hums a tune in the loading bay.",
+    )  # fmt: skip
+    wait_for(
+        lambda: (
+            "entities:status-canary"
+            in entity_ids(running_dev.dev.query("acme", "where does the status canary hum?"))
+        )
+    )
     # since start, the figures include the stack's first load (a backfill) and first queries
     generous = (
         *("--slo-retrieve-p95", "30", "--slo-freshness-p95", "600"),
@@ -176,7 +189,8 @@ def test_status_reads_a_running_stack_and_exits_non_zero_on_a_breach(
     healthy = running_dev.run("status", "--metrics", url, "--window", "0", "--json", *generous)
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
     rows = {r["name"]: r for r in json.loads(healthy.stdout)["rows"]}
-    assert rows["freshness p95"]["value"] > 0  # the sample rows were indexed
+    assert rows["freshness p95"]["value"] > 0  # the live change was indexed
+    assert rows["freshness p95"]["note"].startswith("live")
     assert rows["Retrieve p95"]["value"] > 0  # the banner's example queries
     assert rows["Retrieve server error rate"]["value"] == 0.0
     assert rows["Retrieve server error rate"]["note"].endswith("calls since start")
