@@ -14,11 +14,12 @@ as a Qdrant server and an embedding service serve every worker of a group in pro
   the one holding the bulk's partition SIGKILLed mid-bulk; the quiet tenants' commit ->
   searchable through Retrieve before the bulk, during it, and across the rebalance.
 
-Throughout both an `IndexWatch` scrolls every tenant's index a few times a second and keeps,
+Throughout both an `IndexWatch` scrolls every tenant's index about twice a second and keeps,
 per entity, the source LSN of each chunk: an entity indexed from an older version after a newer
-one (a chunk written with an LSN below one already seen for the entity, or the entity's newest
-LSN going down) is a violation. At the end the index equals the SoR: reconcile reports zero
-drift in every tenant (never repairing; the workers' scheduled reconcile is off).
+one (a chunk written with an LSN below one already seen for the entity, the entity's newest LSN
+going down, or a deleted entity back at no newer LSN) is a violation. At the end the index
+equals the SoR: reconcile reports zero drift in every tenant (never repairing; the workers'
+scheduled reconcile is off).
 """
 
 from __future__ import annotations
