@@ -331,11 +331,14 @@ def captured_schema(
     connector: Mapping[str, str] | None = None,
     before_start: Callable[[Captured], None] | None = None,
     start_timeout: float = 90.0,
+    partitions: int | None = None,
+    route_by: Sequence[str] = (),
 ) -> Iterator[Captured]:
     """Create schema `<name>_<suffix>` (`setup` runs in it: tables, rows that exist before
     Debezium starts), start a Debezium connector for its `tables` (topic prefix
-    `<name><suffix>`, 50 ms polls), create the DLQ topic; on exit stop Debezium (its slot is
-    dropped) and drop the schema."""
+    `<name><suffix>`, 50 ms polls; `partitions` and `route_by` as `DebeziumConnect` takes
+    them), create the DLQ topic; on exit stop Debezium (its slot is dropped) and drop the
+    schema."""
     suffix = uuid.uuid4().hex[:8]
     schema, prefix = f"{name}_{suffix}", f"{name}{suffix}"
     with psycopg.connect(postgres.dsn, autocommit=True) as conn:
@@ -350,6 +353,8 @@ def captured_schema(
         name=prefix,
         work_dir=tmp_path_factory.mktemp("connect"),
         connector={"poll.interval.ms": "50", **(connector or {})},
+        partitions=partitions,
+        route_by=route_by,
     )
     captured = Captured(schema, prefix, suffix, dbz)
     try:

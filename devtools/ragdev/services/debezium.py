@@ -8,7 +8,9 @@ is loaded as it is, its `${file:...}` credentials resolved by Connect's FileConf
 `sor.properties` the launcher writes, and only the keys in `LOCAL_KEYS` are set on top (the
 table list, topic prefix, slot and publication names of this instance, and the topic layout of
 the single-broker test cluster), then what the caller passes (`connector=`, `schemas=`,
-`poll_interval_ms=`). The shipped `publication.autocreate.mode=disabled` expects the publication
+`poll_interval_ms=`; `partitions=` and `route_by=` for several partitions per table routed by
+tenant with Debezium's PartitionRouting SMT, the topics created up front: docs/operations.md,
+"Scaling ingest out"). The shipped `publication.autocreate.mode=disabled` expects the publication
 to exist (production: deploy/postgres/init-roles.sh); the launcher creates it the same way unless
 told not to (`create_publication=False`).
 
@@ -108,10 +110,24 @@ LOCAL_KEYS = {
     "publication.name": "one publication per instance",
     "topic.creation.default.partitions": (
         "1 on the single-broker test cluster: tansu auto-creates 4 partitions, and a key-less "
-        "TRUNCATE would land out of order with the row events"
+        "TRUNCATE would land out of order with the row events (`partitions=N`: N)"
     ),
     "topic.creation.default.replication.factor": "1 on the single-broker test cluster",
 }
+#: The connector keys `route_by=` adds (Debezium's PartitionRouting SMT, restricted by a
+#: TopicNameMatches predicate to the tables' topics, which have `partitions` partitions).
+ROUTE = "routeByTenant"
+ROUTED_TOPICS = "routedTopics"
+ROUTING_KEYS = (
+    "transforms",
+    f"transforms.{ROUTE}.type",
+    f"transforms.{ROUTE}.partition.payload.fields",
+    f"transforms.{ROUTE}.partition.topic.num",
+    f"transforms.{ROUTE}.predicate",
+    "predicates",
+    f"predicates.{ROUTED_TOPICS}.type",
+    f"predicates.{ROUTED_TOPICS}.pattern",
+)
 #: The JSON file docker-compose mounts and Helm ships: the connector's one source of truth.
 CONNECTOR_CONFIG = "debezium/entities-connector.json"
 _FILE_REF = re.compile(r"\$\{file:[^:}]+:([A-Za-z0-9_.-]+)\}")
@@ -292,6 +308,8 @@ class DebeziumConnect(LocalService):
         poll_interval_ms: int | None = None,
         jvm_options: Sequence[str] = (),
         class_archive: bool = True,
+        partitions: int | None = None,
+        route_by: Sequence[str] = (),
     ) -> None:
         """`tables`: exact `schema.table` names (the table.include.list and the publication).
         `connector`: further connector properties (e.g. `decimal.handling.mode`,
@@ -307,9 +325,28 @@ class DebeziumConnect(LocalService):
         and the mode is `disabled` (what deploy/postgres/init-roles.sh does in production),
         else a missing publication is a configuration error. `work_dir` keeps the offsets
         (a restart of the same instance resumes from them); by default a temp dir removed
-        by `stop()`."""
+        by `stop()`.
+        `partitions`: the tables' topics get this many partitions, created before the JVM
+        starts (`create_table_topics`: partitions cannot be added later without moving keys,
+        and tansu cannot add any), and the connector creates any other topic with as many
+        (None: one partition each, created by the connector).
+        `route_by`: payload fields for Debezium's PartitionRouting SMT
+        (`partition.payload.fields`, e.g. `("change.company_id",)`; `change` is `after`, or
+        `before` for a delete): a row's change goes to partition hash(fields) mod `partitions`
+        instead of hash(key), so one tenant's changes share a partition. A record without
+        any of the fields (a tombstone, a TRUNCATE, a delete whose `before` lacks them under
+        REPLICA IDENTITY DEFAULT) keeps the producer's partitioning. Needs `partitions`."""
         if not tables:
             raise ConfigError("Debezium needs at least one table (schema.table)")
+        if partitions is not None and partitions < 1:
+            raise ConfigError(f"partitions={partitions}: a topic needs at least one partition")
+        if route_by and (partitions is None or partitions < 2):
+            raise ConfigError(
+                f"route_by={list(route_by)} routes among the topics' partitions: pass "
+                "partitions= (2 or more)"
+            )
+        if any(not f.strip() or "," in f for f in route_by):
+            raise ConfigError(f"route_by={list(route_by)}: one payload field per entry")
         for table in tables:
             _split(table)
         self.bootstrap_servers = bootstrap_servers
@@ -323,13 +360,19 @@ class DebeziumConnect(LocalService):
             extra["value.converter.schemas.enable"] = str(schemas).lower()
         if poll_interval_ms is not None:
             extra["poll.interval.ms"] = str(poll_interval_ms)
+        if partitions is not None:
+            extra["topic.creation.default.partitions"] = str(partitions)
         for key, value in (connector or {}).items():
             if key in _KEYWORD_KEYS:
                 raise ConfigError(f"connector property {key}: pass {_KEYWORD_KEYS[key]}= instead")
+            if route_by and key in ROUTING_KEYS:
+                raise ConfigError(f"connector property {key}: set by route_by=, not by hand")
             if key in extra and extra[key] != value:
                 raise ConfigError(f"connector property {key}={value!r} contradicts {extra[key]!r}")
             extra[key] = value
         self._connector_extra = extra
+        self.partitions = partitions
+        self.route_by = tuple(f.strip() for f in route_by)
         suffix = re.sub(r"[^a-z0-9_]", "_", name.lower())
         #: the replication slot and publication of this instance (`slot.name`,
         #: `publication.name`: unique per instance unless the caller sets them)
@@ -386,11 +429,69 @@ class DebeziumConnect(LocalService):
             }
         )
         config.update(self._connector_extra)
+        if self.route_by:
+            config.update(self.routing_config())
         return config
+
+    def routing_config(self) -> dict[str, str]:
+        """The connector keys of `route_by` (none without it): Debezium's PartitionRouting SMT
+        on the tables' topics (a TopicNameMatches predicate: the heartbeat topic keeps its one
+        partition), hashing the fields with Java's `hashCode` (the SMT's default)."""
+        if not self.route_by:
+            return {}
+        pattern = "|".join(re.escape(t) for t in self.topics())
+        return {
+            "transforms": ROUTE,
+            f"transforms.{ROUTE}.type": "io.debezium.transforms.partitions.PartitionRouting",
+            f"transforms.{ROUTE}.partition.payload.fields": ",".join(self.route_by),
+            f"transforms.{ROUTE}.partition.topic.num": str(self.partitions),
+            f"transforms.{ROUTE}.predicate": ROUTED_TOPICS,
+            "predicates": ROUTED_TOPICS,
+            f"predicates.{ROUTED_TOPICS}.type": (
+                "org.apache.kafka.connect.transforms.predicates.TopicNameMatches"
+            ),
+            f"predicates.{ROUTED_TOPICS}.pattern": pattern,
+        }
 
     def topics(self) -> list[str]:
         """The change-event topic of each table."""
         return [f"{self.topic_prefix}.{t}" for t in self.tables]
+
+    def create_table_topics(self) -> None:
+        """With `partitions`: create the tables' topics with that many partitions before the
+        connector runs (a topic that exists must have exactly that many: routing by
+        `partition.topic.num` into fewer partitions fails the task, and more would leave
+        partitions that nothing routes to). Without: nothing (the connector creates them)."""
+        if self.partitions is None:
+            return
+        from confluent_kafka import KafkaException  # noqa: PLC0415 - the launcher's only use
+        from confluent_kafka.admin import AdminClient  # noqa: PLC0415
+        from confluent_kafka.cimpl import NewTopic  # noqa: PLC0415
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        wanted = [
+            NewTopic(t, num_partitions=self.partitions, replication_factor=1) for t in self.topics()
+        ]
+        existing: list[str] = []
+        for topic, future in admin.create_topics(wanted).items():
+            try:
+                future.result(15)
+            except KafkaException as exc:
+                if "already exists" not in str(exc).lower():
+                    raise ConfigError(f"cannot create topic {topic}: {exc}") from exc
+                existing.append(topic)
+        if not existing:
+            return
+        listed = admin.list_topics(timeout=15).topics
+        for topic in existing:
+            metadata = listed.get(topic)
+            have = len(metadata.partitions) if metadata is not None else 0
+            if have != self.partitions:
+                raise ConfigError(
+                    f"topic {topic} has {have} partitions, not partitions={self.partitions}: "
+                    "partitions are set when a topic is created (delete and recreate it, or "
+                    "run with its count)"
+                )
 
     def heartbeat_topic(self) -> str | None:
         """The connector's heartbeat topic, None when heartbeats are off."""
@@ -703,6 +804,7 @@ class DebeziumConnect(LocalService):
         jars = classpath()
         self.preflight()
         self.create_heartbeat_topic()
+        self.create_table_topics()
         worker, connector, log4j = self._write_files()
         command = [
             str(java),
@@ -828,8 +930,10 @@ class DebeziumConnect(LocalService):
 
     def update_config(self, changes: Mapping[str, str], timeout: float = 60.0) -> None:
         """Change connector properties live (PUT /connectors/<name>/config, e.g.
-        `poll.interval.ms`); returns once the restarted task runs. The changes also apply to
-        later `start()`s of this instance."""
+        `poll.interval.ms`, or `tables` changed before); returns once the restarted task runs.
+        The changes also apply to later `start()`s of this instance. With `partitions`, the
+        topics of tables added meanwhile are created first."""
+        self.create_table_topics()
         extra = {**self._connector_extra, **changes}
         previous, self._connector_extra = self._connector_extra, extra
         body = json.dumps(self.connector_config()).encode()

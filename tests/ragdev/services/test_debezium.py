@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -436,3 +437,59 @@ def test_caller_settings_are_explicit_and_contradictions_refused(
         DebeziumConnect(**common, connector={"table.include.list": "public.x"})
     with pytest.raises(ConfigError, match=r"expected schema\.table"):
         DebeziumConnect(**{**common, "tables": ["t"]})
+
+
+def test_partition_routing_configures_the_smt_and_creates_the_topics_up_front(
+    kafka_broker: TansuBroker, tmp_path: Path
+) -> None:
+    prefix = f"rt{uuid.uuid4().hex[:6]}"
+    common: dict[str, Any] = {
+        "bootstrap_servers": kafka_broker.bootstrap_servers,
+        "source": PostgresSource("127.0.0.1", 1, "postgres", "postgres"),
+        "tables": ["public.a", "public.b"],
+        "topic_prefix": prefix,
+        "work_dir": tmp_path,
+    }
+    dbz = DebeziumConnect(**common, partitions=4, route_by=["change.company_id", "change.org"])
+    config = dbz.connector_config()
+    assert config["topic.creation.default.partitions"] == "4"
+    assert config["transforms"] == "routeByTenant"
+    assert config["transforms.routeByTenant.type"] == (
+        "io.debezium.transforms.partitions.PartitionRouting"
+    )
+    assert config["transforms.routeByTenant.partition.payload.fields"] == (
+        "change.company_id,change.org"
+    )
+    assert config["transforms.routeByTenant.partition.topic.num"] == "4"
+    # only the tables' topics are routed (the heartbeat topic keeps its one partition)
+    assert config["transforms.routeByTenant.predicate"] == "routedTopics"
+    pattern = re.compile(config["predicates.routedTopics.pattern"])
+    assert all(pattern.fullmatch(t) for t in dbz.topics())
+    assert not pattern.fullmatch(f"__debezium-heartbeat.{prefix}")
+    assert not pattern.fullmatch(f"{prefix}.public.ab")
+
+    dbz.create_table_topics()
+    dbz.create_table_topics()  # idempotent: the topics exist with the wanted count
+    consumer = Consumer({"bootstrap.servers": kafka_broker.bootstrap_servers, "group.id": "x"})
+    try:
+        listed = consumer.list_topics(timeout=10).topics
+    finally:
+        consumer.close()
+    assert {t: len(listed[t].partitions) for t in dbz.topics()} == dict.fromkeys(dbz.topics(), 4)
+    with pytest.raises(ConfigError, match=r"has 4 partitions, not partitions=2"):
+        DebeziumConnect(**common, partitions=2).create_table_topics()
+
+    # without partitions= nothing is created here and the connector's one-partition layout stays
+    plain = DebeziumConnect(**{**common, "topic_prefix": f"{prefix}x"})
+    assert plain.routing_config() == {}
+    assert plain.connector_config()["topic.creation.default.partitions"] == "1"
+    with pytest.raises(ConfigError, match="pass partitions="):
+        DebeziumConnect(**common, route_by=["change.company_id"])
+    with pytest.raises(ConfigError, match="set by route_by="):
+        DebeziumConnect(
+            **common, partitions=4, route_by=["change.org"], connector={"transforms": "x"}
+        )
+    with pytest.raises(ConfigError, match=r"contradicts '4'"):
+        DebeziumConnect(
+            **common, partitions=4, connector={"topic.creation.default.partitions": "2"}
+        )
