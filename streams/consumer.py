@@ -200,6 +200,16 @@ class SchedulerSettings(BaseModel):
             "restart. 0: no metadata."
         ),
     )
+    redo_hold_s: float = Field(
+        default=10.0,
+        ge=0,
+        description=(
+            "After an assignment, how long at most the worker reads a partition's records from "
+            "its committed offset to the end it had then before applying any (what an earlier "
+            "owner may have applied is redone: reading it first lets a redone insert meet the "
+            "delete after it, so a deleted entity is not indexed again). 0: no hold."
+        ),
+    )
     revoke_wait_s: float = Field(
         default=60.0,
         gt=0,
@@ -695,6 +705,8 @@ class ConsumerLoop:
         starts = {tp: OFFSET_INVALID for tp in partitions}
         positions = dict(starts)
         states: dict[Part, tuple[int | None, list[int]]] = {tp: (None, []) for tp in partitions}
+        #: each partition's end at the assignment: its redo is read before anything is applied
+        ends: dict[Part, int] = {}
         gaps: list[OffsetGap] = []
         try:
             committed = (
@@ -712,6 +724,7 @@ class ConsumerLoop:
                 )
                 if marks is None:
                     raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+                ends[key] = marks[1]
                 gap = offset_gap(
                     tp.topic,
                     tp.partition,
@@ -740,7 +753,10 @@ class ConsumerLoop:
             states = {tp: (None, []) for tp in partitions}
             positions = dict(starts)
         for part, (start, done) in states.items():
-            self.readahead.assign(part, start, done)
+            hold = ends.get(part) if self._config.scheduler.redo_hold_s > 0 else None
+            self.readahead.assign(part, start, done, hold_until=hold)
+            if self.readahead.holding(part):
+                self.scheduler.hold(part)
             if done:
                 self._done_before_max[part] = max(done)
                 log.info(
@@ -888,6 +904,13 @@ class ConsumerLoop:
         self._pause_or_resume(consumer)
         if time.monotonic() >= self._lag_due:
             self.refresh_lag()
+        held = self.scheduler.held_partitions()
+        if held:
+            for position in consumer.position([TopicPartition(t, p) for t, p in held]):
+                if position.offset >= 0:
+                    self.readahead.fetched((position.topic, position.partition), position.offset)
+        for tp in self.readahead.releasable(self._config.scheduler.redo_hold_s):
+            self.scheduler.release(tp)
         for tp, offset in self.readahead.due_rescans():
             if tp in self._assigned and tp not in self._stopped:
                 consumer.seek(TopicPartition(tp[0], tp[1], offset))

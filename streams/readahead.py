@@ -25,6 +25,7 @@ thread calls; `ReadAhead` serializes them with its lock.
 from __future__ import annotations
 
 import threading
+import time
 from array import array
 from bisect import bisect_left
 from collections.abc import Hashable, Iterable, Sequence
@@ -53,6 +54,12 @@ class _Intake:
     """One partition's read-ahead state."""
 
     offsets: PartitionOffsets
+    #: a restart's redo is read up to here before anything of the partition is applied (None:
+    #: not held), since `held_since` (monotonic seconds)
+    hold_until: int | None = None
+    held_since: float = 0.0
+    #: where the client's fetch stands (control records and compacted offsets are never seen)
+    fetched_to: int = 0
     #: the broker timestamp of the oldest record dropped and not fetched again, by tenant and
     #: lane (backlog age), and how many
     dropped_stats: dict[tuple[str, Lane], list[int]] = field(default_factory=dict)
@@ -96,18 +103,61 @@ class ReadAhead:
     # --- assignment -----------------------------------------------------------------------------
 
     def assign(
-        self, tp: TopicPartition, start: int | None, done_before: Iterable[int] = ()
+        self,
+        tp: TopicPartition,
+        start: int | None,
+        done_before: Iterable[int] = (),
+        *,
+        hold_until: int | None = None,
     ) -> None:
         """A partition read from `start` (its committed offset; None: not known, e.g. a group
         that never committed there: the first offset fetched); `done_before`: offsets above it
-        that the commit metadata names as finished."""
+        that the commit metadata names as finished; `hold_until`: the partition's end at the
+        assignment, to be read before anything of it is applied (the caller holds it in the
+        scheduler; `releasable` says when to let it go)."""
         with self._lock:
             self._lazy.discard(tp)
             self._parts.pop(tp, None)
             if start is None:
                 self._lazy.add(tp)
             else:
-                self._parts[tp] = _Intake(PartitionOffsets(start, done_before))
+                held = hold_until if hold_until is not None and hold_until > start else None
+                self._parts[tp] = _Intake(
+                    PartitionOffsets(start, done_before), held, time.monotonic()
+                )
+
+    def holding(self, tp: TopicPartition) -> bool:
+        """Whether `tp` waits for its redo to be read."""
+        with self._lock:
+            part = self._parts.get(tp)
+            return part is not None and part.hold_until is not None
+
+    def fetched(self, tp: TopicPartition, position: int) -> None:
+        """The client's fetch position of `tp` (past control records the worker never sees)."""
+        with self._lock:
+            part = self._parts.get(tp)
+            if part is not None:
+                part.fetched_to = max(part.fetched_to, position)
+
+    def releasable(self, max_hold_s: float) -> list[TopicPartition]:
+        """The held partitions to release now: their redo is read (the fetch reached the end
+        they had at the assignment: records dropped for room on the way are another tenant's,
+        or a tenant whose later records come back in a rescan, with the version rule as their
+        guard), or the budget is full (nothing more can be kept: applying must make room), or
+        they were held `max_hold_s`."""
+        out: list[TopicPartition] = []
+        now = time.monotonic()
+        full = self._scheduler.full()
+        with self._lock:
+            for tp, part in self._parts.items():
+                until = part.hold_until
+                if until is None:
+                    continue
+                read = max(part.offsets.seen_to, part.fetched_to)
+                if read >= until or full or now - part.held_since >= max_hold_s:
+                    part.hold_until = None
+                    out.append(tp)
+        return out
 
     def revoke(self, tp: TopicPartition) -> None:
         """Forget a partition."""

@@ -129,6 +129,8 @@ class _Partition:
     barrier_units: dict[int, Unit[Any]] = field(default_factory=dict)
     blocked: list[Unit[Any]] = field(default_factory=list)
     units: set[Unit[Any]] = field(default_factory=set)
+    #: nothing of the partition is taken until `release` (a restart's redo is read first)
+    held: bool = False
 
     def add_first(self, offset: int) -> None:
         self.pending_firsts[offset] = self.pending_firsts.get(offset, 0) + 1
@@ -291,6 +293,33 @@ class Scheduler(Generic[P]):
         unit.tenant, unit.lane = tenant, lane
         if was_ready:
             self._ready_push(unit)
+
+    def hold(self, partition: TopicPartition) -> None:
+        """Take nothing of `partition` until `release`: a newly assigned partition whose records
+        from the committed offset on may have been applied before (a restart redoes them) is
+        read first, so that a redone insert meets the redone delete after it while both are
+        queued (merged: the delete supersedes), instead of indexing a deleted entity again."""
+        with self._lock:
+            self._partitions.setdefault(partition, _Partition()).held = True
+
+    def release(self, partition: TopicPartition) -> None:
+        """Let `partition`'s units be taken again."""
+        with self._lock:
+            part = self._partitions.get(partition)
+            if part is None or not part.held:
+                return
+            part.held = False
+            blocked, part.blocked = part.blocked, []
+            for waiting in blocked:
+                if waiting.blocked:
+                    waiting.blocked = False
+                    self._consider(waiting)
+            self._lock.notify_all()
+
+    def held_partitions(self) -> list[TopicPartition]:
+        """The partitions on hold."""
+        with self._lock:
+            return [tp for tp, part in self._partitions.items() if part.held]
 
     def revoke(self, partitions: Iterable[TopicPartition]) -> list[Unit[P]]:
         """Forget the queued units of `partitions` (another worker owns them now: it starts at
@@ -486,6 +515,11 @@ class Scheduler(Generic[P]):
             return
         part = self._partitions.get(unit.partition)
         if part is None:
+            return
+        if part.held:
+            if not unit.blocked:
+                unit.blocked = True
+                part.blocked.append(unit)
             return
         barrier = part.first_barrier()
         if unit.barrier:

@@ -176,3 +176,15 @@ def test_a_batch_holds_at_most_its_heavy_units_documents() -> None:
         s.add(unit(n))
     assert offsets(s.take(0)) == [0, 1, 2, 3]  # the third document waits for the next batch
     assert offsets(s.take(0)) == [4, 5, 6, 7]
+
+
+def test_a_held_partition_gives_nothing_until_released_and_merges_meanwhile() -> None:
+    s = scheduler(quantum=10, max_batch_units=10, express_units=0)
+    s.hold(P0)
+    s.add(unit(0, key="k"))
+    s.add(unit(1, key="k"))  # the redone delete after the redone insert
+    s.add(unit(2, partition=("t", 1)))
+    assert offsets(s.take(0)) == [2]  # another partition goes on
+    assert s.held_partitions() == [P0]
+    s.release(P0)
+    assert offsets(s.take(0)) == [0, 1]  # one unit: the later record superseded the earlier
