@@ -3,10 +3,10 @@
 `kafka_connect_config` starts from the shipped configuration
 (`schemas/debezium/entities-connector.json`: JSON converter without schemas, TRUNCATE emitted,
 heartbeats, 100 ms polls) and sets what the mapped tables decide: `table.include.list`,
-`topic.prefix`, the slot and publication, the database's address (the password stays a
-`${file:...}` reference), and with several partitions per topic Debezium's PartitionRouting
-SMT by each table's tenant column. `debezium_server_properties` writes the same connector as
-Debezium Server's `application.properties` (Kafka sink, JSON format).
+`topic.prefix`, the slot and publication, the database's address (Debezium's own user and
+password stay `${file:...}` references), and with several partitions per topic Debezium's
+PartitionRouting SMT by each table's tenant column. `debezium_server_properties` writes the
+same connector as Debezium Server's `application.properties` (Kafka sink, JSON format).
 
 `load_connector` reads either form back; `check_connector` says where a connector and the
 mappings disagree (a table it does not capture, another topic prefix, TRUNCATE or deletes
@@ -38,13 +38,15 @@ MYSQL_CONNECTORS = (
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 PARTITION_ROUTING = "io.debezium.transforms.partitions.PartitionRouting"
 TOPIC_NAME_MATCHES = "org.apache.kafka.connect.transforms.predicates.TopicNameMatches"
-#: Connector properties that hold the database's address (filled in from the DSN).
+#: Connector properties that hold the database's address (filled in from the DSN). The user
+#: and password stay `${file:...}` references: Debezium connects as a role of its own (with
+#: REPLICATION), not as the role ragstream reads the SoR with.
 _DATABASE_KEYS = {
     "database.hostname": "host",
     "database.port": "port",
     "database.dbname": "dbname",
-    "database.user": "user",
 }
+_CREDENTIALS = ("database.user", "database.password")
 #: Connector properties of Kafka Connect only (Debezium Server has its own sink and format).
 _CONNECT_ONLY = ("name", "tasks.max", "key.converter", "value.converter", "topic.creation.")
 
@@ -68,7 +70,7 @@ class ConnectorTarget:
     slot: str = "ragstream"
     #: partitions per table topic (more than one: routed by tenant)
     partitions: int = 1
-    #: host, port, dbname, user of the database (from the DSN; never its password)
+    #: host, port and dbname of the database (from the DSN)
     database: Mapping[str, str] | None = None
 
 
@@ -137,8 +139,9 @@ def debezium_server_properties(config: Mapping[str, str], bootstrap_servers: str
     without schemas (what the worker reads)."""
     lines = [
         "# Debezium Server for ragstream (`ragstream tables discover --connector`).",
-        "# The database password: set DEBEZIUM_SOURCE_DATABASE_PASSWORD in the server's",
-        "# environment (MicroProfile Config reads it), never in this file.",
+        "# Debezium's role (REPLICATION) and its password: set DEBEZIUM_SOURCE_DATABASE_USER and",
+        "# DEBEZIUM_SOURCE_DATABASE_PASSWORD in the server's environment (MicroProfile Config",
+        "# reads them), never in this file.",
         "debezium.sink.type=kafka",
         f"debezium.sink.kafka.producer.bootstrap.servers={bootstrap_servers}",
         "debezium.sink.kafka.producer.key.serializer="
@@ -158,7 +161,7 @@ def debezium_server_properties(config: Mapping[str, str], bootstrap_servers: str
             f"{config.get('topic.creation.default.partitions', '1')} partitions first."
         )
     for key, value in config.items():
-        if key.startswith(_CONNECT_ONLY) or key == "database.password":
+        if key.startswith(_CONNECT_ONLY) or key in _CREDENTIALS:
             continue
         prefix = "debezium." if key.startswith(("transforms", "predicates")) else "debezium.source."
         lines.append(f"{prefix}{key}={_escape(value)}")

@@ -172,6 +172,8 @@ class TableSample:
     avg_chars: Mapping[str, float] = field(default_factory=dict)
     #: JSON column -> every non-NULL value read is a JSON object
     objects: Mapping[str, bool] = field(default_factory=dict)
+    #: why the rows could not be read (then nothing was measured)
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,6 +369,12 @@ def propose_table(
     usable = [c for c in usable if c.name not in unused]
     reasons: dict[str, str] = {}
     notes: list[str] = []
+    if sample is not None and sample.error is not None:
+        notes.append(
+            f"its rows could not be read ({sample.error}): text was judged by its name alone "
+            "and JSON columns were not looked into"
+        )
+        sample = None
     reasons["key_columns"] = (
         f"the primary key ({len(key)} columns, in key order)" if len(key) > 1 else "the primary key"
     )

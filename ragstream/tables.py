@@ -102,6 +102,11 @@ def query_of(conn: psycopg.Connection[dict[str, Any]], dsn: str) -> Query:
     def query(sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         try:
             return conn.execute(sql.encode(), list(params)).fetchall()
+        except psycopg.errors.QueryCanceled as exc:
+            raise UnreachableError(
+                f"the database did not answer within {STATEMENT_TIMEOUT_MS // 1000} s "
+                f"(statement_timeout): {exc}"
+            ) from exc
         except psycopg.OperationalError as exc:
             raise UnreachableError(redact(f"the database failed: {exc}", dsn)) from exc
 
@@ -169,8 +174,9 @@ def _sample(query: Query, table: TableInfo, rows: int) -> TableSample | None:
     )
     try:
         row = query(sql, [rows])[0]
-    except psycopg.Error:
-        return None  # a value that does not cast (a json column holding invalid text): no sample
+    except psycopg.Error as exc:
+        # e.g. a json column holding text that is no JSON: the proposal says so in a note
+        return TableSample(rows=0, error=f"{type(exc).__name__}: {str(exc).strip()}")
     return TableSample(
         rows=int(row["n"]),
         avg_chars={c: float(row[f"t{n}"]) for n, c in enumerate(text) if row[f"t{n}"] is not None},
@@ -459,11 +465,11 @@ def print_lines(problems: Sequence[Mapping[str, Any]]) -> None:
 
 
 def dsn_parts(dsn: str) -> dict[str, str]:
-    """The host, port, database and user of a DSN (for the connector; never its password)."""
+    """The host, port and database of a DSN (for the connector)."""
     try:
         parts = conninfo_to_dict(dsn)
     except psycopg.Error as exc:
         raise ConfigError(redact(f"the DSN cannot be parsed: {exc}", dsn)) from exc
-    out = {k: str(parts[k]) for k in ("host", "port", "dbname", "user") if parts.get(k)}
+    out = {k: str(parts[k]) for k in ("host", "port", "dbname") if parts.get(k)}
     out.setdefault("port", "5432")
     return out

@@ -486,3 +486,19 @@ def test_no_proposal_is_a_mapping_check_refuses_for_its_columns(
         refused = check_mappings([found.mapping], database(info))
         errors = [p for p in refused if p.severity is Severity.ERROR]
         assert all(p.code == "REPLICA_IDENTITY" for p in errors), [p.line() for p in errors]
+
+
+def test_rows_that_could_not_be_read_are_a_note_and_names_decide_alone() -> None:
+    info = table(
+        "kb.pages",
+        [
+            col("id", K.INTEGER),
+            col("tenant_id", K.TEXT),
+            col("body", K.TEXT),
+            col("remark", K.TEXT),
+        ],
+    )
+    p = proposed(info, TableSample(rows=0, error="InsufficientPrivilege: permission denied"))
+    assert p.mapping.content_columns == ("body",)
+    assert "no rows to measure" in p.unused["remark"]
+    assert any("could not be read (InsufficientPrivilege" in n for n in p.notes)
