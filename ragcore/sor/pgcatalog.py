@@ -215,6 +215,7 @@ class PublicationInfo:
     updates: bool
     deletes: bool
     truncates: bool
+    #: the tables `read_catalog` read that it publishes (named, by schema or by FOR ALL TABLES)
     tables: Mapping[str, PublishedTable] = field(default_factory=dict)
 
     def publishes(self, qualified: str) -> PublishedTable | None:
@@ -326,17 +327,29 @@ _FOREIGN_KEYS_SQL = (
 )
 
 _PUBLICATIONS_SQL = (
-    "SELECT pubname, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate"
-    " FROM pg_publication ORDER BY pubname"
+    "SELECT oid::bigint AS pubid, pubname, puballtables, pubinsert, pubupdate, pubdelete,"
+    " pubtruncate FROM pg_publication ORDER BY pubname"
 )
-#: PostgreSQL 15 added column lists and row filters to pg_publication_tables.
+#: The tables a publication names (pg_publication_rel), with PostgreSQL 15's column lists and
+#: row filters. Read from the catalog, not the pg_publication_tables view: the view expands
+#: every publication to all its tables, and its cost estimate alone makes PostgreSQL JIT-compile
+#: it (~0.5 s measured on a 1,200-relation catalog, for two published tables).
 _PUBLISHED_SQL_15 = (
-    "SELECT pubname, schemaname, tablename, attnames::text[] AS columns, rowfilter"
-    " FROM pg_publication_tables"
+    "SELECT pr.prpubid::bigint AS pubid, pr.prrelid::bigint AS oid,"
+    " CASE WHEN pr.prattrs IS NULL THEN NULL ELSE ARRAY(SELECT a.attname::text"
+    " FROM pg_attribute a WHERE a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs::int2[])"
+    " ORDER BY a.attnum) END AS columns,"
+    " pg_get_expr(pr.prqual, pr.prrelid) AS rowfilter"
+    " FROM pg_publication_rel pr WHERE pr.prrelid = ANY(%s::oid[])"
 )
 _PUBLISHED_SQL = (
-    "SELECT pubname, schemaname, tablename, NULL::text[] AS columns, NULL::text AS rowfilter"
-    " FROM pg_publication_tables"
+    "SELECT prpubid::bigint AS pubid, prrelid::bigint AS oid, NULL::text[] AS columns,"
+    " NULL::text AS rowfilter FROM pg_publication_rel WHERE prrelid = ANY(%s::oid[])"
+)
+#: PostgreSQL 15's FOR TABLES IN SCHEMA publications.
+_PUBLISHED_SCHEMAS_SQL = (
+    "SELECT pn.pnpubid::bigint AS pubid, n.nspname AS schema FROM pg_publication_namespace pn"
+    " JOIN pg_namespace n ON n.oid = pn.pnnspid"
 )
 
 #: The logical slots of the current database and the WAL each one retains.
@@ -434,31 +447,49 @@ def read_catalog(
         database=str(server["database"]),
         user=str(server["user_name"]),
         tables=found,
-        publications=_publications(query, version_num),
+        publications=_publications(
+            query, version_num, {int(r["oid"]): f"{r['schema']}.{r['name']}" for r in table_rows}
+        ),
         slots=tuple(slot_states(query(SLOTS_SQL, []))) if slots else (),
     )
 
 
-def _publications(query: Query, version_num: int) -> tuple[PublicationInfo, ...]:
-    published: dict[str, dict[str, PublishedTable]] = {}
-    sql = _PUBLISHED_SQL_15 if version_num >= 150000 else _PUBLISHED_SQL
-    for r in query(sql, []):
-        columns = r["columns"]
-        published.setdefault(str(r["pubname"]), {})[f"{r['schemaname']}.{r['tablename']}"] = (
-            PublishedTable(
+def _publications(
+    query: Query, version_num: int, tables: Mapping[int, str]
+) -> tuple[PublicationInfo, ...]:
+    """Every publication, and how it publishes each of `tables` (oid -> `schema.table`): named
+    in it, in one of its schemas (PostgreSQL 15), or by FOR ALL TABLES."""
+    rows = query(_PUBLICATIONS_SQL, [])
+    named: dict[int, dict[str, PublishedTable]] = {int(r["pubid"]): {} for r in rows}
+    if tables:
+        sql = _PUBLISHED_SQL_15 if version_num >= 150000 else _PUBLISHED_SQL
+        for r in query(sql, [list(tables)]):
+            columns = r["columns"]
+            named.setdefault(int(r["pubid"]), {})[tables[int(r["oid"])]] = PublishedTable(
                 columns=tuple(columns) if columns is not None else None,
                 row_filter=str(r["rowfilter"]) if r["rowfilter"] is not None else None,
             )
+    schemas: dict[int, set[str]] = {}
+    if version_num >= 150000:
+        for r in query(_PUBLISHED_SCHEMAS_SQL, []):
+            schemas.setdefault(int(r["pubid"]), set()).add(str(r["schema"]))
+    out = []
+    for r in rows:
+        pubid = int(r["pubid"])
+        published = dict(named.get(pubid, {}))
+        for qualified in tables.values():
+            schema = qualified.split(".")[0]
+            if bool(r["puballtables"]) or schema in schemas.get(pubid, set()):
+                published.setdefault(qualified, PublishedTable())
+        out.append(
+            PublicationInfo(
+                name=str(r["pubname"]),
+                all_tables=bool(r["puballtables"]),
+                inserts=bool(r["pubinsert"]),
+                updates=bool(r["pubupdate"]),
+                deletes=bool(r["pubdelete"]),
+                truncates=bool(r["pubtruncate"]),
+                tables=published,
+            )
         )
-    return tuple(
-        PublicationInfo(
-            name=str(r["pubname"]),
-            all_tables=bool(r["puballtables"]),
-            inserts=bool(r["pubinsert"]),
-            updates=bool(r["pubupdate"]),
-            deletes=bool(r["pubdelete"]),
-            truncates=bool(r["pubtruncate"]),
-            tables=published.get(str(r["pubname"]), {}),
-        )
-        for r in query(_PUBLICATIONS_SQL, [])
-    )
+    return tuple(out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,20 @@ def test_a_list_of_models_default_is_json_of_the_models() -> None:
 
     table = markdown({"svc": Listing})
     assert '| `RAGSTREAM_ITEMS` | svc |  | `[{"depth": 5}]` | JSON list of objects. |' in table
+
+
+def test_every_json_setting_the_docs_show_is_json_and_the_table_example_maps() -> None:
+    """What a reader copies from the docs into a variable parses as JSON (`VAR='...'`, the
+    Markdown line breaks of a long example joined), and the table mapping example is a valid
+    RAGSTREAM_PLAN__TABLES."""
+    root = CONFIGURATION.parents[1]
+    found: dict[str, object] = {}
+    for path in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        for match in re.finditer(r"(RAGSTREAM_[A-Z0-9_]+)='([^']*)'", path.read_text()):
+            value = match.group(2)
+            if value.lstrip().startswith(("[", "{")):
+                joined = re.sub(r"\s*`?\n\s*`?", " ", value)
+                found[f"{path.name}:{match.group(1)}"] = json.loads(joined)
+    assert "configuration.md:RAGSTREAM_PLAN__TABLES" in found
+    tables = PlanConfig.model_validate({"tables": found["configuration.md:RAGSTREAM_PLAN__TABLES"]})
+    assert len(tables.tables) == 3

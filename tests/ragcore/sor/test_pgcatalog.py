@@ -61,7 +61,8 @@ def schema(postgres: PostgresCluster) -> Iterator[str]:
         yield name
     finally:
         with psycopg.connect(postgres.dsn, autocommit=True) as conn:
-            conn.execute(f"DROP PUBLICATION IF EXISTS {pub}".encode())
+            for name_ in (pub, f"{pub}_all", f"{pub}_schema"):
+                conn.execute(f"DROP PUBLICATION IF EXISTS {name_}".encode())
             conn.execute(f"DROP SCHEMA {name} CASCADE".encode())
             conn.execute(f"DROP ROLE IF EXISTS reader_{suffix}".encode())
 
@@ -169,3 +170,19 @@ def test_the_sor_reader_reads_the_catalog_of_its_mapped_tables(
         sor.close()
     assert list(db.tables) == [f"{schema}.lines"]
     assert db.slots == ()  # the worker's check needs no slots
+
+
+def test_publications_for_all_tables_and_for_a_schema_publish_the_tables_read(
+    postgres: PostgresCluster, schema: str
+) -> None:
+    pub = f"pub_{schema.removeprefix('cat_')}"
+    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE PUBLICATION {pub}_schema FOR TABLES IN SCHEMA {schema}".encode())
+        conn.execute(f"CREATE PUBLICATION {pub}_all FOR ALL TABLES".encode())
+    db = catalog_of(postgres.dsn, schema)
+    by_name = {p.name: p for p in db.publications}
+    for name in (f"{pub}_schema", f"{pub}_all"):
+        published = by_name[name].publishes(f"{schema}.logs")
+        assert published is not None and published.columns is None  # every column
+    assert by_name[f"{pub}_all"].all_tables
+    assert set(by_name[f"{pub}_schema"].tables) == set(db.tables)  # only the tables read
