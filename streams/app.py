@@ -1,7 +1,8 @@
 """The ingest worker process: `python -m streams` / `ragstream ingest`.
 
 Startup checks fail fast with a clear message: embedder usable, store reachable, every
-tenant's active index built with this embedder, Kafka reachable and topics present.
+tenant's active index built with this embedder, the table mappings workable against a
+PostgreSQL SoR's catalog (`ragcore.sor.mapcheck`), Kafka reachable and topics present.
 """
 
 from __future__ import annotations

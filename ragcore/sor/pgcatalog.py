@@ -333,7 +333,8 @@ _PUBLICATIONS_SQL = (
 #: The tables a publication names (pg_publication_rel), with PostgreSQL 15's column lists and
 #: row filters. Read from the catalog, not the pg_publication_tables view: the view expands
 #: every publication to all its tables, and its cost estimate alone makes PostgreSQL JIT-compile
-#: it (~0.5 s measured on a 1,200-relation catalog, for two published tables).
+#: it (a 1,234-relation catalog, one publication, 3 tables: 356 ms for the view, 2.0 ms for
+#: these queries, 7 alternating rounds).
 _PUBLISHED_SQL_15 = (
     "SELECT pr.prpubid::bigint AS pubid, pr.prrelid::bigint AS oid,"
     " CASE WHEN pr.prattrs IS NULL THEN NULL ELSE ARRAY(SELECT a.attname::text"
