@@ -12,6 +12,7 @@ keeps the partition moving.
 from __future__ import annotations
 
 import base64
+import difflib
 import json
 import re
 import string
@@ -22,7 +23,7 @@ from typing import Any, TypeVar
 from urllib.parse import unquote
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ragcore.documents.source import DocumentSource
 from ragcore.errors import ConfigError, InvalidTenantError, MappingError
@@ -262,6 +263,42 @@ class TableMapping(BaseModel):
         return _tenant_name(value.strip(), row, self.tenant_column)
 
 
+def mapping_errors(position: int, item: object) -> list[str]:
+    """What is wrong with one element of `RAGSTREAM_PLAN__TABLES` (empty: nothing), each
+    message naming the table (`tables[n] (schema.table)`), the field and the accepted values
+    or fields."""
+    if isinstance(item, TableMapping):
+        return []
+    table = item.get("table") if isinstance(item, Mapping) else None
+    where = f"tables[{position}]" + (f" ({table})" if isinstance(table, str) else "")
+    if not isinstance(item, Mapping):
+        return [f"{where}: a table mapping is a JSON object, got {type(item).__name__}"]
+    try:
+        TableMapping.model_validate(item)
+    except ValidationError as exc:
+        return [_mapping_error(where, error) for error in exc.errors()]
+    return []
+
+
+#: Fields of a mapping (and of its document) a message offers when a field is unknown.
+_DOCUMENT_FIELDS = tuple(DocumentSource.model_fields)
+
+
+def _mapping_error(where: str, error: Mapping[str, Any]) -> str:
+    loc = [str(p) for p in error.get("loc", ())]
+    field = ".".join(loc)
+    message = str(error.get("msg", "invalid"))
+    if error.get("type") == "extra_forbidden" and loc:
+        fields = _DOCUMENT_FIELDS if loc[0] == "document" and len(loc) > 1 else _MAPPING_FIELDS
+        close = difflib.get_close_matches(loc[-1], fields, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"{where}: unknown field {field!r}{hint}; the fields are: {', '.join(fields)}"
+    if error.get("type") in ("tuple_type", "list_type") and loc:
+        return f'{where}: {field}: {message} (a JSON list, e.g. ["id"])'
+    message = message.removeprefix("Value error, ")
+    return f"{where}: {field}: {message}" if field else f"{where}: {message}"
+
+
 def _tenant_name(value: str, row: RowView, column: str) -> TenantId:
     try:
         return TenantId(value)
@@ -276,6 +313,7 @@ def table_of_entity(entity_id: str) -> str:
 
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_MAPPING_FIELDS = tuple(TableMapping.model_fields)
 #: Characters that would make a key ambiguous in an entity id.
 _KEY_UNSAFE = re.compile(r"[%,]")
 

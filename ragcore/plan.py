@@ -46,6 +46,7 @@ from ragcore.mapping import (
     TableCatalog,
     TableMapping,
     content_of,
+    mapping_errors,
     metadata_of,
     parse_format,
     version_of,
@@ -108,6 +109,11 @@ class PlanConfig(BaseModel):
                 "tables is a JSON list of table mappings, e.g. "
                 '[{"table": "public.tickets", "key_columns": ["id"], ...}]'
             )
+        if isinstance(value, list | tuple):
+            # each mapping's errors name its table, field and the accepted values
+            errors = [e for n, item in enumerate(value) for e in mapping_errors(n, item)]
+            if errors:
+                raise ValueError("; ".join(errors))
         return value
 
     @model_validator(mode="after")

@@ -13,6 +13,9 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
+
 from ragcore.errors import RagstreamError
 
 if TYPE_CHECKING:
@@ -646,6 +649,119 @@ def _version(args: argparse.Namespace) -> int:
     return int(args.version)
 
 
+def _cmd_tables(args: argparse.Namespace) -> int:
+    from ragstream import tables
+
+    try:
+        if args.action == "discover":
+            return _tables_discover(args)
+        return _tables_check(args)
+    except tables.UnreachableError as exc:
+        print(f"ragstream: error [{exc.code}]: {exc}", file=sys.stderr)
+        return tables.EXIT_UNREACHABLE
+
+
+def _tables_discover(args: argparse.Namespace) -> int:
+    from ragstream import tables
+    from ragstream.connector import ConnectorTarget
+    from ragstream.discover import DiscoverOptions
+
+    dsn = tables.dsn_from(args.dsn)
+    target = ConnectorTarget(
+        name=args.connector_name,
+        topic_prefix=args.topic_prefix or os.environ.get("RAGSTREAM_PLAN__TOPIC_PREFIX") or "sor",
+        publication=args.publication or "ragstream",
+        slot=args.slot,
+        partitions=args.partitions or 1,
+        database=tables.dsn_parts(dsn),
+    )
+    report = tables.discover(
+        tables.DiscoverRequest(
+            dsn=dsn,
+            schemas=tuple(args.schema or ()),
+            tables=tuple(args.table or ()),
+            exclude=tuple(args.exclude or ()),
+            options=DiscoverOptions(tenant_column=args.tenant_column, tenant=args.tenant),
+            sample_rows=1000 if args.sample_rows is None else args.sample_rows,
+            connector=args.connector is not None,
+            target=target,
+            publication_given=args.publication is not None,
+            bootstrap_servers=args.bootstrap_servers
+            or os.environ.get("RAGSTREAM_KAFKA__BOOTSTRAP_SERVERS")
+            or "127.0.0.1:9092",
+        )
+    )
+    print_json(report)
+    if args.write is not None:
+        for path in tables.write_files(report, args.write):
+            print(f"wrote {path}", file=sys.stderr)
+    proposed = report["RAGSTREAM_PLAN__TABLES"]
+    problems = [p for t in report["tables"] for p in t["problems"]] + report["problems"]
+    tables.print_lines(problems)
+    print(
+        f"{len(proposed)} table(s) proposed, {len(report['left_out'])} left out, "
+        f"{len(problems)} problem(s) to review (`ragstream tables check` re-checks)",
+        file=sys.stderr,
+    )
+    return tables.EXIT_OK if proposed else tables.EXIT_PROBLEMS
+
+
+def _tables_check(args: argparse.Namespace) -> int:
+    from ragcore.plan import PlanConfig
+    from ragstream import tables
+    from ragstream.connector import load_connector
+    from streams.settings import IngestSettings
+
+    if args.connector is True:
+        raise RagstreamError("`ragstream tables check --connector` takes the connector's FILE")
+    settings = IngestSettings()
+    plan = settings.plan
+    if args.tables is not None:
+        plan = PlanConfig(
+            tables=tuple(tables.load_tables(args.tables)),
+            topic_prefix=plan.topic_prefix,
+            policy=plan.policy,
+        )
+    dsn = args.dsn or (
+        settings.sor.dsn.get_secret_value() if settings.sor.dsn is not None else None
+    )
+    kafka = None
+    if not args.no_broker:
+        kafka = settings.kafka
+        if args.bootstrap_servers:
+            kafka = kafka.model_copy(update={"bootstrap_servers": args.bootstrap_servers})
+    consumer = settings.consumer
+    report, code = tables.check(
+        tables.CheckRequest(
+            dsn=tables.dsn_from(dsn),
+            plan=plan,
+            kafka=kafka,
+            required_topics=tuple(
+                t for t in (consumer.dlq_topic, consumer.reindex_topic) if t is not None
+            ),
+            heartbeat_prefix=settings.decode.heartbeat_topic_prefix,
+            connector=load_connector(args.connector) if args.connector is not None else None,
+            publication=args.publication,
+            partitions=args.partitions,
+            sample_rows=10_000 if args.sample_rows is None else args.sample_rows,
+            errors_only=args.errors_only,
+        )
+    )
+    print_json(report)
+    tables.print_lines(report["problems"])
+    counts = report["counts"]
+    print(
+        f"{len(plan.tables)} table(s) checked: {counts['error']} error(s), "
+        f"{counts['warning']} warning(s), {counts['note']} note(s)",
+        file=sys.stderr,
+    )
+    return code
+
+
+def _connector_arg(value: str) -> Path:
+    return Path(value)
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
     from ragcore.settings import settings_report
     from ragstream.envtable import markdown, service_settings
@@ -949,6 +1065,102 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser(
+        "tables",
+        help="discover: propose table mappings (and the Debezium connector) from a live "
+        "PostgreSQL; check: validate mappings against the database, connector and broker",
+        description=(
+            "discover reads a PostgreSQL catalog and the first rows of each table and prints a "
+            "JSON report: RAGSTREAM_PLAN__TABLES (valid JSON for the variable), the reason for "
+            "every choice, the tables left out and why, problems with their fixes, and with "
+            "--connector the Kafka Connect and Debezium Server configuration. check validates "
+            "RAGSTREAM_PLAN__TABLES (or --tables FILE) against the live database, a connector "
+            "file and the broker. Both only read. Exit codes: 0 no problem (discover: a table "
+            "proposed); 1 problems found (discover: nothing proposed); 2 usage or "
+            "configuration error; 3 the database or the broker unreachable."
+        ),
+    )
+    p.add_argument("action", choices=["discover", "check"])
+    p.add_argument(
+        "--dsn", default=None, help="libpq DSN of the SoR (default: $RAGSTREAM_SOR__DSN)"
+    )
+    p.add_argument(
+        "--sample-rows",
+        type=int,
+        default=None,
+        help="rows read per table (discover: to measure text and JSON, default 1000; check: "
+        "NULL or invalid tenants, metadata that is no JSON object, default 10000; 0: none)",
+    )
+    p.add_argument(
+        "--publication",
+        default=None,
+        help="the connector's publication.name (discover: default an existing publication "
+        "covering every proposed table, else ragstream; check: default the connector file's, "
+        "else any publication of each table)",
+    )
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="partitions per table topic (discover --connector: more than 1 routes them by "
+        "tenant; check: expected, default the connector's routing, else 1)",
+    )
+    p.add_argument(
+        "--bootstrap-servers",
+        default=None,
+        help="Kafka (default: RAGSTREAM_KAFKA__BOOTSTRAP_SERVERS; discover: for the Debezium "
+        "Server properties)",
+    )
+    group = p.add_argument_group("discover")
+    group.add_argument("--schema", action="append", help="only this schema (repeatable)")
+    group.add_argument("--table", action="append", help="only this schema.table (repeatable)")
+    group.add_argument("--exclude", action="append", help="leave out schema.table (repeatable)")
+    group.add_argument(
+        "--tenant-column",
+        default=None,
+        help="the tenant column (tables without it are left out; default: chosen by name and "
+        "foreign keys, the reason says how)",
+    )
+    group.add_argument(
+        "--tenant", default=None, help="the tenant of tables without a tenant column"
+    )
+    group.add_argument(
+        "--connector",
+        nargs="?",
+        const=True,
+        default=None,
+        type=_connector_arg,
+        metavar="FILE",
+        help="discover: also print the Debezium connector configuration; check: validate "
+        "this connector file (Kafka Connect .json or Debezium Server .properties)",
+    )
+    group.add_argument(
+        "--topic-prefix", default=None, help="(default: $RAGSTREAM_PLAN__TOPIC_PREFIX or sor)"
+    )
+    group.add_argument("--slot", default="ragstream", help="the connector's slot.name")
+    group.add_argument("--connector-name", default="ragstream-sor")
+    group.add_argument(
+        "--write",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write tables.json, fixes.sql, report.json (and kafka-connect.json, "
+        "debezium-server.properties) there",
+    )
+    group = p.add_argument_group("check")
+    group.add_argument(
+        "--tables",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="mappings from this JSON file (default: RAGSTREAM_PLAN__TABLES)",
+    )
+    group.add_argument("--no-broker", action="store_true", help="do not check the topics")
+    group.add_argument(
+        "--errors-only", action="store_true", help="exit 0 when only warnings are found"
+    )
+    p.set_defaults(func=_cmd_tables)
+
+    p = sub.add_parser(
         "config", help="print the effective settings (from RAGSTREAM_* env), secrets masked"
     )
     p.add_argument("--service", choices=["ingest", "retrieve"], default=None)
@@ -988,6 +1200,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
     except RagstreamError as exc:
         print(f"ragstream: error [{exc.code}]: {exc}", file=sys.stderr)
+        return 2
+    except (ValidationError, SettingsError) as exc:
+        # RAGSTREAM_* settings that do not validate: name the variable's path and the reason
+        cause = f": {exc.__cause__}" if isinstance(exc, SettingsError) and exc.__cause__ else ""
+        print(f"ragstream: error [CONFIG_ERROR]: {exc}{cause}", file=sys.stderr)
         return 2
     return code
 

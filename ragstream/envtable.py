@@ -4,7 +4,8 @@
 `env-table` markers; a test keeps the two equal, so a new setting cannot go undocumented.
 Nested models become `__`-joined variables; a discriminated union (the embedder, the reranker)
 lists each variant's fields under its `kind`; a list of models (the table mappings) is one JSON
-variable.
+variable. A variable written as JSON (lists, tuples, sets, dicts) says so in its meaning, and
+its default is shown as JSON, models included: what the variable takes, never a Python repr.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import types
 import typing
+from collections import abc
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -75,8 +77,38 @@ def _format(value: Any) -> str:
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, tuple | list | dict | bool) or value is None:
-        return json.dumps(value if not isinstance(value, tuple) else list(value), default=str)
+        # as the variable takes it: JSON, models included (never a Python repr)
+        return json.dumps(_jsonable(value), default=str)
     return str(value)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, tuple | list | set | frozenset):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, Enum):
+        return value.value
+    return value
+
+
+def json_shape(annotation: Any) -> str | None:
+    """ "list" or "object" when a variable of this annotation is written as JSON (how
+    pydantic-settings reads lists, tuples, sets and dicts from the environment), else None."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return json_shape(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        shapes = {json_shape(a) for a in typing.get_args(annotation)} - {None}
+        return shapes.pop() if len(shapes) == 1 else None
+    base = origin or annotation
+    if base in (list, tuple, set, frozenset, abc.Sequence, abc.Set):
+        return "list"
+    if base in (dict, abc.Mapping):
+        return "object"
+    return None
 
 
 def _rows(model: type[BaseModel], prefix: str, variant: str) -> Iterator[EnvRow]:
@@ -89,8 +121,11 @@ def _rows(model: type[BaseModel], prefix: str, variant: str) -> Iterator[EnvRow]
                 yield from _rows(sub, f"{variable}__", _variant(sub) or variant)
             continue
         meaning = " ".join((field.description or "").split())
+        shape = json_shape(field.annotation)
         if is_list and _models(typing.get_args(field.annotation)[0]):
             meaning = (meaning + " JSON list of objects.").strip()
+        elif shape is not None:
+            meaning = (meaning + f" JSON {shape}.").strip()
         yield EnvRow(variable, variant, _format(_default(field)), meaning)
 
 

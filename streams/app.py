@@ -1,7 +1,8 @@
 """The ingest worker process: `python -m streams` / `ragstream ingest`.
 
 Startup checks fail fast with a clear message: embedder usable, store reachable, every
-tenant's active index built with this embedder, Kafka reachable and topics present.
+tenant's active index built with this embedder, the table mappings workable against a
+PostgreSQL SoR's catalog (`ragcore.sor.mapcheck`), Kafka reachable and topics present.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from ragcore.errors import (
 from ragcore.plan import Plan, plan_event, record_identity
 from ragcore.prepare import Preparer
 from ragcore.sor.base import SlotSource, SystemOfRecord
+from ragcore.sor.mapcheck import refuse_unworkable
+from ragcore.sor.pgcatalog import CatalogSource
 from ragcore.sparse import Bm25Encoder
 from ragcore.store.base import VectorStore
 from ragcore.store.registry import IndexRegistry
@@ -129,7 +132,9 @@ class IngestWorker:
     owned: tuple[Closable, ...] = ()
 
     def check(self) -> None:
-        """Fail fast: embedders usable, every tenant's active index built with one of them."""
+        """Fail fast: embedders usable, every tenant's active index built with one of them,
+        the SoR reachable and (PostgreSQL) every table mapping workable against its catalog
+        (`ragcore.sor.mapcheck`: a ConfigError names each mapping that cannot work)."""
         for embedder in self.models:
             embedder.check()
         for tenant in self.registry.list_tenants():
@@ -137,6 +142,9 @@ class IngestWorker:
                 self.targets.write_targets(tenant)  # raises ManifestMismatchError
         if self.sor is not None:
             self.sor.check()
+            if isinstance(self.sor, CatalogSource):
+                tables = self.settings.plan.tables
+                refuse_unworkable(tables, self.sor.database_info([m.table for m in tables]))
 
     def run(self) -> None:
         """Check, connect, consume until stopped (reconciling on schedule), then release."""

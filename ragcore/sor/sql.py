@@ -44,21 +44,12 @@ from ragcore.sor.base import (
     tables_of,
     verdict_of_row,
 )
+from ragcore.sor.pgcatalog import SLOTS_SQL, DatabaseInfo, read_catalog, slot_states
 from schemas.entities import Entity
 
 __all__ = ["PostgresSor", "SlotState", "SorTableError", "SorUnavailableError", "SqliteSor"]
 
 log = logging.getLogger(__name__)
-
-#: The logical slots of the current database and the WAL each one retains.
-_SLOTS_SQL = (
-    "SELECT slot_name, plugin, active, wal_status, "
-    "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint AS retained_bytes, "
-    "pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint AS confirmed_lsn "
-    "FROM pg_replication_slots WHERE slot_type = 'logical' AND database = current_database() "
-    "ORDER BY slot_name"
-)
-
 
 #: Keys per query: keeps statements and parameter lists bounded.
 _CHUNK = 500
@@ -413,18 +404,14 @@ class PostgresSor(_SqlReader):
         """Every logical replication slot of the database and the WAL it holds back: an
         inactive slot (its Debezium connector is down) keeps WAL until it is consumed again or
         dropped; a `lost` slot has lost WAL (a gap the index must close by a reconcile)."""
-        rows = self._query(_SLOTS_SQL, [], "pg_replication_slots")
-        return [
-            SlotState(
-                name=str(r["slot_name"]),
-                plugin=str(r["plugin"] or ""),
-                active=bool(r["active"]),
-                retained_bytes=int(r["retained_bytes"] or 0),
-                wal_status=str(r["wal_status"] or ""),
-                confirmed_lsn=(int(r["confirmed_lsn"]) if r["confirmed_lsn"] is not None else None),
-            )
-            for r in rows
-        ]
+        return slot_states(self._query(SLOTS_SQL, [], "pg_replication_slots"))
+
+    def database_info(self, tables: Sequence[str]) -> DatabaseInfo:
+        """The catalog of the mapped `tables` (`schema.table`): columns, keys, REPLICA
+        IDENTITY, publications (`ragcore.sor.pgcatalog`; catalog queries only)."""
+        return read_catalog(
+            lambda sql, params: self._query(sql, params, "pg_catalog"), tables=tables, slots=False
+        )
 
     def close(self) -> None:
         """Close the pool."""

@@ -1,4 +1,5 @@
-"""Entity ids of a `TableMapping`: encoding key values and reading them back."""
+"""Entity ids of a `TableMapping`: encoding key values and reading them back; the errors of a
+mapping written as JSON name its table, its field and the accepted values."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from urllib.parse import unquote
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from ragcore.mapping import TableMapping
+from ragcore.plan import PlanConfig
 
 pytestmark = pytest.mark.unit
 
@@ -51,3 +54,43 @@ def test_entity_ids_follow_the_encoding_and_read_back(key: tuple[str, ...]) -> N
 def test_label_is_the_name_else_the_table_name(table: str, name: str | None, label: str) -> None:
     mapping = TableMapping(table=table, name=name)
     assert mapping.label == label == (mapping.name or mapping.table_name)
+
+
+def _plan_error(tables: object) -> str:
+    with pytest.raises(ValidationError) as refused:
+        PlanConfig.model_validate({"tables": tables})
+    (error,) = refused.value.errors()  # one error, naming each mapping's problems
+    return str(error["msg"])
+
+
+def test_an_unknown_mapping_field_names_the_table_and_the_field_it_meant() -> None:
+    text = _plan_error([{"table": "support.tickets", "tenant_colum": "org"}])
+    assert "tables[0] (support.tickets): unknown field 'tenant_colum'" in text
+    assert "(did you mean 'tenant_column'?)" in text
+    assert "the fields are: table, name, topic, key_columns, tenant_column" in text
+    text = _plan_error([{"table": "kb.files", "document": {"colum": "file"}}])
+    assert "unknown field 'document.colum' (did you mean 'column'?)" in text
+
+
+def test_a_mapping_value_error_names_the_table_the_field_and_the_accepted_values() -> None:
+    text = _plan_error(
+        [
+            {"table": "public.entities"},
+            {"table": "kb.files", "document": {"column": "f", "kind": "blob"}},
+            {"table": "kb.pages", "key_columns": "id", "default_format": "rtf"},
+        ]
+    )
+    assert "tables[1] (kb.files): document.kind: Input should be 'binary' or 'reference'" in text
+    assert "tables[2] (kb.pages): key_columns: Input should be a valid tuple" in text
+    assert '(a JSON list, e.g. ["id"])' in text
+    assert "tables[2] (kb.pages): default_format: Input should be 'text', 'html'" in text
+    assert "tables[0]" not in text  # a valid mapping is not named
+    assert "at least 1 item" not in text
+
+
+def test_a_mapping_rule_error_names_the_table() -> None:
+    text = _plan_error([{"table": "kb.pages", "tenant": "Acme Corp", "tenant_column": None}])
+    assert text.startswith("Value error, tables[0] (kb.pages): tenant: invalid tenant name")
+    text = _plan_error([{"table": "kb.pages", "tenant": "acme"}])
+    assert "tables[0] (kb.pages): kb.pages: set exactly one of tenant_column and tenant" in text
+    assert "a table mapping is a JSON object, got str" in _plan_error(["kb.pages"])

@@ -355,3 +355,57 @@ def test_a_worker_with_only_per_table_mappings_starts_and_consumes_their_topics(
         ]
     finally:
         worker.close()
+
+
+def test_a_worker_refuses_a_mapping_that_cannot_work_naming_table_and_field(
+    kafka_broker: TansuBroker, postgres: PostgresCluster, tmp_path: Path
+) -> None:
+    """The start-up check reads the SoR's catalog: a misspelt column and REPLICA IDENTITY
+    NOTHING are refused before anything is consumed; REPLICA IDENTITY DEFAULT (a tenant move
+    seen only by reconcile) is logged and the worker starts."""
+    suffix = uuid.uuid4().hex[:8]
+    schema, topic, dlq = f"t_{suffix}", f"sor.public.entities.{suffix}", f"dlq.{suffix}"
+    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"'.encode())
+        conn.execute(f'SET search_path TO "{schema}"'.encode())
+        conn.execute(TABLE_SQL.read_text().encode())
+    sor = SorSettings(kind="postgres", dsn=SecretStr(postgres.dsn))
+    settings = settings_for(
+        kafka_broker,
+        topic,
+        dlq,
+        group=suffix,
+        data_dir=tmp_path / "store",
+        sor=sor,
+        table=f"{schema}.entities",
+    )
+
+    def started(plan: PlanConfig) -> None:
+        worker = build_worker(
+            settings.model_copy(update={"plan": plan}),
+            CollectorRegistry(),
+            store=EdgeStore(tmp_path / "store"),
+            embedder=HashEmbedder(),
+        )
+        try:
+            worker.check()
+        finally:
+            worker.close()
+
+    mapping = settings.plan.tables[0]
+    try:
+        misspelt = mapping.model_copy(update={"title_column": "nmae"})
+        with pytest.raises(ConfigError) as refused:
+            started(PlanConfig(tables=(misspelt,)))
+        assert f"{schema}.entities title_column: column 'nmae' does not exist" in str(refused.value)
+        assert "did you mean 'name'?" in str(refused.value)
+        with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+            conn.execute(f'ALTER TABLE "{schema}".entities REPLICA IDENTITY NOTHING'.encode())
+        with pytest.raises(ConfigError, match="REPLICA IDENTITY NOTHING"):
+            started(settings.plan)
+        with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+            conn.execute(f'ALTER TABLE "{schema}".entities REPLICA IDENTITY DEFAULT'.encode())
+        started(settings.plan)  # a warning, not a refusal
+    finally:
+        with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE'.encode())
