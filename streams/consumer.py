@@ -816,17 +816,34 @@ class ConsumerLoop:
         without its processing loop."""
         if self._consumer is None:
             self.start()
-        applier = threading.Thread(
-            target=self._apply_forever, args=(stop,), name="ingest-apply", daemon=True
-        )
-        applier.start()
+        appliers = [
+            threading.Thread(
+                target=self._apply_forever, args=(stop,), name="ingest-apply", daemon=True
+            )
+        ]
+        schedule = self._config.scheduler
+        if schedule.fair and schedule.express_units > 0:
+            # a second thread for the quiet tenants' changes, so that they wait neither for a
+            # backlog's batch in flight nor for a share of the next one
+            appliers.append(
+                threading.Thread(
+                    target=self._apply_forever,
+                    args=(stop,),
+                    kwargs={"express": True},
+                    name="ingest-express",
+                    daemon=True,
+                )
+            )
+        for applier in appliers:
+            applier.start()
         try:
             while not stop.is_set():
                 self._intake_once()
         finally:
             stop.set()
             self.scheduler.close()
-            applier.join()
+            for applier in appliers:
+                applier.join()
             try:
                 self._commit(force=True)
             finally:
@@ -855,18 +872,20 @@ class ConsumerLoop:
         self._commit(force=True)
         return handled
 
-    def _apply_forever(self, stop: threading.Event) -> None:
-        """The apply thread: batches until stopped; a failure that is not an outage stops the
-        worker (`run` raises it)."""
+    def _apply_forever(self, stop: threading.Event, *, express: bool = False) -> None:
+        """An apply thread: batches until stopped (`express`: only the quiet tenants' small
+        ones); a failure that is not an outage stops the worker (`run` raises it)."""
+        beat = self._metrics.loop_heartbeat.labels("express" if express else "apply")
         try:
             while not stop.is_set():
-                self._metrics.loop_heartbeat.labels("apply").set(time.time())
+                beat.set(time.time())
                 until = self._paused_until
                 if until is not None and (left := until - time.monotonic()) > 0:
                     stop.wait(left)
                     continue
-                self._catch_up(stop)
-                self._apply_once(0.2)
+                if not express:
+                    self._catch_up(stop)
+                self._apply_once(0.2, express=express)
         except BaseException as exc:
             self._failure = exc
             log.critical(
@@ -991,10 +1010,10 @@ class ConsumerLoop:
         )
         self.scheduler.add(unit)
 
-    def _apply_once(self, wait_s: float) -> int:
+    def _apply_once(self, wait_s: float, *, express: bool = False) -> int:
         """Take one batch, apply it, deliver its dead letters and finish its offsets; 0 when
         nothing was ready or the batch went back for a retry."""
-        batch = self.scheduler.take(wait_s)
+        batch = self.scheduler.take(wait_s, express=express)
         if not batch:
             return 0
         records = sum(unit.records for unit in batch)

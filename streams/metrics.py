@@ -217,8 +217,9 @@ class IngestMetrics:
         )
         self.loop_heartbeat = Gauge(
             "ragstream_ingest_loop_heartbeat_timestamp_seconds",
-            "Unix time the worker's intake (poll, route, commit) or apply (embed, write) thread "
-            "last went round its loop: an old one is a worker that lost its processing loop.",
+            "Unix time the worker's intake (poll, route, commit), apply (embed, write) or express "
+            "(the quiet tenants' small batches) thread last went round its loop: an old one is a "
+            "worker that lost its processing loop.",
             ["thread"],
             registry=registry,
         )

@@ -341,16 +341,36 @@ class Scheduler(Generic[P]):
 
     # --- the apply thread -----------------------------------------------------------------------
 
-    def take(self, timeout_s: float | None = None) -> list[Unit[P]]:
+    def take(self, timeout_s: float | None = None, *, express: bool = False) -> list[Unit[P]]:
         """The next batch (units marked in flight), waiting up to `timeout_s` for one; empty
-        when nothing became ready (or the scheduler closed)."""
+        when nothing became ready (or the scheduler closed). `express`: only a small batch of
+        the live changes of tenants with few ready (`_express`, at most `express_units` units),
+        whatever else waits: what a second apply thread takes while the first applies a
+        backlog's batch."""
         with self._lock:
-            if not self._any_ready():
-                self._lock.wait_for(lambda: self._any_ready() or self._closed, timeout_s)
-            batch = self._batch()
+            if express:
+                if not self._express_ready():
+                    self._lock.wait_for(lambda: self._express_ready() or self._closed, timeout_s)
+                batch = self._express(limit=self.config.express_units, need_backlog=False)
+            else:
+                if not self._any_ready():
+                    self._lock.wait_for(lambda: self._any_ready() or self._closed, timeout_s)
+                batch = self._batch()
             for unit in batch:
                 unit.in_flight = True
             return batch
+
+    def _express_ready(self) -> bool:
+        c = self.config
+        if not c.fair or c.express_units <= 0:
+            return False
+        for tenant in self._turns[Lane.LIVE]:
+            ready = self._ready.get((Lane.LIVE, tenant), ())
+            if 0 < len(ready) <= c.express_units and any(
+                u.ready and not u.done and not self._heavy(u) for u in ready
+            ):
+                return True
+        return False
 
     def complete(self, units: Sequence[Unit[P]]) -> None:
         """The units were applied: release their budget and let their successors go."""
@@ -563,12 +583,14 @@ class Scheduler(Generic[P]):
         self._after_express = False
         return self._round()
 
-    def _express(self) -> list[Unit[P]]:
+    def _express(self, limit: int = 0, need_backlog: bool = True) -> list[Unit[P]]:
         """A batch of its own for the live changes of the tenants with few units ready (at most
-        `express_units`) while another tenant has a backlog: their changes wait for the batch in
-        flight only, not for a share of the backlog's next batch. Every other batch is a regular
-        round, so a stream of quiet tenants never starves the backlog."""
+        `express_units`) while another tenant has a backlog (`need_backlog`): their changes wait
+        for the batch in flight only, not for a share of the backlog's next batch. Every other
+        batch is a regular round, so a stream of quiet tenants never starves the backlog.
+        `limit`: at most so many units (0: `max_batch_units`)."""
         c = self.config
+        limit = limit or c.max_batch_units
         small = []
         backlog = False
         for lane in Lane:
@@ -578,12 +600,12 @@ class Scheduler(Generic[P]):
                     backlog = True
                 elif lane is Lane.LIVE:
                     small.append(tenant)
-        if not backlog or not small:
+        if (need_backlog and not backlog) or not small:
             return []
         batch: list[Unit[P]] = []
         for tenant in small:
             ready = self._ready.get((Lane.LIVE, tenant))
-            while ready and len(batch) < c.max_batch_units:
+            while ready and len(batch) < limit:
                 unit = ready.popleft()
                 if unit.done or not unit.ready or self._heavy(unit):
                     if not unit.done and unit.ready:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ragcore.embedders.base import Embedder
@@ -69,6 +70,46 @@ class Applied:
     faults: Faults
 
 
+class SharedLock:
+    """Many holders in `shared` mode at once, or one in `exclusive` mode (which waits for the
+    shared holders to leave and keeps new ones out while it waits: a reconciliation is never
+    starved by a steady stream)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        """Hold the lock with the other shared holders."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive and not self._waiting)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the lock alone."""
+        with self._cond:
+            self._waiting += 1
+            self._cond.wait_for(lambda: not self._exclusive and not self._shared)
+            self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
 class IngestHandler:
     """Implements `streams.consumer.BatchHandler` and `streams.ingest.SorWriter` over the
     store and embedder ports."""
@@ -118,9 +159,10 @@ class IngestHandler:
             keyword_fields=tuple(keyword_fields),
             event_date_fields=dict(event_date_fields or {}),
         )
-        # the consumer loop and the scheduled reconciliation share one handler: writes of
-        # one handler never interleave
-        self._lock = threading.Lock()
+        # the consumer's apply threads and the scheduled reconciliation share one handler: the
+        # apply threads work on disjoint entities (the scheduler never gives one entity to two
+        # of them) and may overlap; a write from the SoR (reconcile, reindex) runs alone
+        self._lock = SharedLock()
         self._observers: list[BatchObserver] = []
 
     @property
@@ -168,7 +210,9 @@ class IngestHandler:
         lanes = {id(w): p.lane for p in payloads for w in p.works.values()}
         applied: list[Work] = []
         for segment in segments:
-            with self._lock:
+            # a TRUNCATE touches every entity of its table: it runs alone
+            alone = segment[0].plan.action is Action.TRUNCATE
+            with self._lock.exclusive() if alone else self._lock.shared():
                 done = self._apply_contained(segment)
             applied += done.applied
             letters += done.faults.letters
@@ -259,7 +303,7 @@ class IngestHandler:
             )
             for n, entity_id in enumerate(dict.fromkeys(batch.reread))
         ]
-        with self._lock:
+        with self._lock.exclusive():
             done = self._apply_contained(work)
         by_outcome: dict[str, list[str]] = {"changed": [], "unchanged": [], "raced": []}
         for entity_id, outcome in done.outcomes.items():

@@ -175,4 +175,4 @@ def test_a_worker_whose_loop_dies_says_so_and_its_run_raises(
         if family.name == "ragstream_ingest_loop_heartbeat_timestamp_seconds"
         for s in family.samples
     }
-    assert beats == {"intake", "apply"}
+    assert beats == {"intake", "apply", "express"}
