@@ -92,5 +92,8 @@ def test_bench_cdc_prints_one_json_report_of_freshness_and_snapshot() -> None:
     assert set(bulk["goals"]) == {
         "quiet_p95_s",
         "quiet_p95_vs_unloaded",
+        "worker_share_broker_to_searchable_p95_vs_unloaded",
         "bulk_drain_vs_fairness_off",
     }
+    fair = bulk["fairness_on"]
+    assert fair["quiet_broker_to_searchable_s"]["p50"] > 0 and fair["bulk_on_broker_s"] >= 0
