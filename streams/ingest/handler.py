@@ -24,7 +24,7 @@ from schemas.events import RawRecord, RecordPosition
 from streams.consumer import RETRYABLE, DeadLetter, Routed
 from streams.ingest.context import Stages
 from streams.ingest.decide import Decision, decide
-from streams.ingest.plan import Locator, Pending, fault_reason, route_record
+from streams.ingest.plan import Deferred, Locator, fault_reason, route_record
 from streams.ingest.ports import (
     Decoder,
     EntityPreparer,
@@ -176,9 +176,10 @@ class IngestHandler:
 
     # --- RecordHandler (the consumer loop) --------------------------------------------------
 
-    def route(self, record: RawRecord) -> Routed[Pending] | None:
+    def route(self, record: RawRecord) -> Routed[Deferred] | None:
         """Decode `record` and say where it goes in the scheduler (tenant, lane, key,
-        barrier); its plan waits until the consumer keeps it. None: it needs no work."""
+        barrier); its planning waits for the apply thread (`Deferred`). None: it needs no
+        work."""
         routed = route_record(
             record,
             decode=self._decode,
@@ -189,20 +190,26 @@ class IngestHandler:
             clock=self._clock,
             documents=self._documents,
         )
-        return None if routed is None else Routed(*routed)
+        if routed is None:
+            return None
+        route, deferred = routed
+        return Routed(route, lambda: deferred)
 
-    def merge(self, earlier: Pending, later: Pending) -> Pending | None:
-        """One unit's work for two records of one key (`Pending.merge`)."""
+    def merge(self, earlier: Deferred, later: Deferred) -> Deferred:
+        """One unit's records for two records of one key, planned together when applied."""
         return earlier.merge(later)
 
-    def heavy(self, payload: Pending) -> bool:
+    def heavy(self, payload: Deferred) -> bool:
         """Whether applying the work reads a document (few go in one batch)."""
         return payload.heavy
 
-    def apply(self, payloads: Sequence[Pending]) -> Sequence[DeadLetter]:
-        """Apply a batch of units: their entities' work in one segment (one embedding call per
-        model), each TRUNCATE in a segment of its own after it (the scheduler puts no later
-        unit of a truncated partition in the same batch); return the dead letters."""
+    def apply(self, units: Sequence[Deferred]) -> Sequence[DeadLetter]:
+        """Plan and apply a batch of units: their entities' work in one segment (one embedding
+        call per model), each TRUNCATE in a segment of its own after it (the scheduler puts no
+        later unit of a truncated partition in the same batch); return the dead letters."""
+        payloads = [p for p in (unit.planned() for unit in units) if p is not None]
+        if not payloads:
+            return []
         letters = [letter for p in payloads for letter in p.letters]
         works = [w for p in payloads for w in p.works.values()]
         segments = [works] if works else []
@@ -244,26 +251,26 @@ class IngestHandler:
 
     def handle(self, records: Sequence[RawRecord]) -> Sequence[DeadLetter]:
         """Apply a batch of records in offset order, as the consumer loop would without read
-        ahead: each TRUNCATE between what came before and after it; return the dead letters."""
+        ahead: each barrier (a TRUNCATE...) between what came before and after it; return the
+        dead letters."""
         letters: list[DeadLetter] = []
-        by_key: dict[object, Pending] = {}
+        by_key: dict[object, Deferred] = {}
         for rec in records:
             routed = self.route(rec)
             if routed is None:
                 continue
-            pending = routed.plan()
-            if pending is None:
+            unit = routed.plan()
+            if unit is None:
                 continue
-            if pending.truncate is not None:
+            if routed.route.barrier:
+                # a TRUNCATE, a schema change or a tenant move: after what came before it
                 letters += self.apply(list(by_key.values()))
-                letters += self.apply([pending])
+                letters += self.apply([unit])
                 by_key = {}
                 continue
             key: object = routed.route.key if routed.route.key is not None else object()
             earlier = by_key.get(key)
-            merged = earlier.merge(pending) if earlier is not None else pending
-            assert merged is not None  # only a TRUNCATE refuses to merge
-            by_key[key] = merged
+            by_key[key] = earlier.merge(unit) if earlier is not None else unit
         letters += self.apply(list(by_key.values()))
         return letters
 
