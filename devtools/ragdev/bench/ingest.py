@@ -195,11 +195,16 @@ class _Producer:
 
 
 class _RecordingHistogram:
-    """Stands in for the worker's freshness histogram: forwards `observe`, keeps the samples."""
+    """Stands in for the worker's freshness histogram: forwards `observe` (of the histogram or
+    of a labelled child: the worker observes by tenant class and lane), keeps the samples."""
 
-    def __init__(self, inner: Histogram) -> None:
+    def __init__(self, inner: Histogram, samples: list[float] | None = None) -> None:
         self._inner = inner
-        self.samples: list[float] = []
+        self.samples: list[float] = [] if samples is None else samples
+
+    def labels(self, *values: str) -> _RecordingHistogram:
+        """The labelled child, recording into the same samples."""
+        return _RecordingHistogram(self._inner.labels(*values), self.samples)
 
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
         """Record and forward one observation."""

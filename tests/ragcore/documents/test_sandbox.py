@@ -88,7 +88,10 @@ def test_a_module_in_the_working_directory_does_not_shadow_the_child(
 
 
 def test_a_child_that_stops_reading_cannot_hold_the_sender_past_the_time_limit() -> None:
-    extractor = Extractor(ExtractionLimits(timeout_s=1.0))
+    # the limit covers a child's start too (imports of the extractors): 1 s was too short for
+    # the first and the last call on a loaded 2-core machine (CI), so the bound is relative
+    limit = 4.0
+    extractor = Extractor(ExtractionLimits(timeout_s=limit))
     try:
         extractor.extract("pdf", pdf_bytes([["first"]]))  # the child is up
         pid = extractor.child_pid
@@ -98,7 +101,7 @@ def test_a_child_that_stops_reading_cannot_hold_the_sender_past_the_time_limit()
         with pytest.raises(DocumentError) as info:
             extractor.extract("csv", b"a,b\n" * 2_000_000)  # 8 MB to send
         assert info.value.code == "EXTRACTION_TIMEOUT"
-        assert time.monotonic() - started < 3.0
+        assert time.monotonic() - started < limit + 2.0
         assert extractor.child_pid is None and not alive(pid)
         document = extractor.extract("pdf", pdf_bytes([["after"]]))
         assert "after" in document.segments[0].text
