@@ -251,6 +251,9 @@ class Retriever:
                     else None
                 ),
                 diversity_lambda=self.config.diversity_lambda if self.config.diversity else None,
+                distinct_parts=self.config.distinct_document_parts,
+                answering_chunks=self.config.answering_chunks,
+                lead_by=self.config.passage_lead,
             )
         with stage("verify"):
             ids = entities_to_verify(ranking)

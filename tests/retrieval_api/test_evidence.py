@@ -60,6 +60,7 @@ def ranked(req: ValidatedRequest, items: Sequence[Candidate] | None = None) -> R
         store_filter=req.store_filter,
         top_k=req.top_k,
         thresholds=req.thresholds(CONFIG, ScoreKind.COSINE),
+        answering_chunks=False,  # one chunk per entity: these tests are about the pack
     )
 
 
