@@ -83,6 +83,14 @@ class Status(StrEnum):
     SUCCESS = "SUCCESS"
     NO_EVIDENCE = "NO_EVIDENCE"
     FAILED = "FAILED"
+    #: results kept only for an identifier of the query, none at the hard threshold
+    IDENTIFIER_MATCH = "IDENTIFIER_MATCH"
+
+    @property
+    def has_results(self) -> bool:
+        """The pack lists results the metrics rank (SUCCESS or IDENTIFIER_MATCH): the eval
+        scores what a caller is shown; only NO_EVIDENCE is an abstention."""
+        return self in (Status.SUCCESS, Status.IDENTIFIER_MATCH)
 
     @classmethod
     def parse(cls, value: str) -> Status:
@@ -291,8 +299,8 @@ def evaluate_query(query: EvalQuery, run: QueryRun, ks: Sequence[int] = DEFAULT_
     """Score one query's run (see the module docstring for the definitions)."""
     if run.query_id != query.query_id:
         raise EvalError(f"run of {run.query_id!r} scored against query {query.query_id!r}")
-    succeeded = run.status is Status.SUCCESS
-    # Only a successful pack carries evidence; anything listed on NO_EVIDENCE/FAILED is ignored.
+    succeeded = run.status.has_results
+    # Only a pack with results carries them; anything listed on NO_EVIDENCE/FAILED is ignored.
     ranked = dedup(run.entity_ids) if succeeded else []
     chunks = dedup(run.chunk_ids) if succeeded else []
     relevant = query.relevant
@@ -438,6 +446,9 @@ def aggregate(rows: Sequence[QueryRow], ks: Sequence[int] = DEFAULT_KS) -> dict[
         sum(1 for r in answerable if r.abstained), len(answerable)
     )
     out["failed_rate"] = _ratio(sum(1 for r in rows if r.status is Status.FAILED), len(rows))
+    out["identifier_match_rate"] = _ratio(
+        sum(1 for r in rows if r.status is Status.IDENTIFIER_MATCH), len(rows)
+    )
     with_negatives = [r for r in rows if r.hard_negative_above_relevant is not None]
     out["hard_negative_rate"] = _ratio(
         sum(1 for r in with_negatives if r.hard_negative_above_relevant), len(with_negatives)
