@@ -14,7 +14,9 @@ Definitions (k is a cut-off; `ranked` is the entity list de-duplicated keeping f
                   trec_eval / pytrec_eval (and so published BEIR numbers) use, so BEIR runs are
                   comparable; with binary judgments it equals exponential gain (2^rel - 1).
 - chunk_mrr@k   = 1 / rank of `expected_top_chunk` within the de-duplicated chunk list[:k], else 0,
-                  over queries that have an expected chunk.
+                  over queries that have an expected chunk (the passage-level figure: a chunk of
+                  a document is one page, DOCX section or row block, or a piece of one).
+- chunk_hit@k   = 1 when `expected_top_chunk` is within the chunk list[:k], else 0 (same queries).
 Ranking metrics are averaged over *answerable* queries only; an answerable query that abstained
 or failed counts with an empty ranking (all zeros) — failing must never raise a score.
 
@@ -322,6 +324,7 @@ def evaluate_query(query: EvalQuery, run: QueryRun, ks: Sequence[int] = DEFAULT_
                 metrics[f"chunk_mrr@{k}"] = reciprocal_rank_at(
                     chunks, {query.expected_top_chunk}, k
                 )
+                metrics[f"chunk_hit@{k}"] = 1.0 if query.expected_top_chunk in chunks[:k] else 0.0
             if query.expected_top_chunk in chunks:
                 chunk_rank = chunks.index(query.expected_top_chunk) + 1
     negative_above: bool | None = None
@@ -431,6 +434,7 @@ def aggregate(rows: Sequence[QueryRow], ks: Sequence[int] = DEFAULT_KS) -> dict[
     out["n_expected_chunk"] = float(len(with_chunk))
     for k in ks:
         out[f"chunk_mrr@{k}"] = _mean([r.metrics[f"chunk_mrr@{k}"] for r in with_chunk])
+        out[f"chunk_hit@{k}"] = _mean([r.metrics[f"chunk_hit@{k}"] for r in with_chunk])
     correct_abstentions = sum(1 for r in abstained if not r.answerable)
     out["abstention_precision"] = _ratio(correct_abstentions, len(abstained))
     out["abstention_recall"] = _ratio(correct_abstentions, len(unanswerable))

@@ -39,6 +39,8 @@ SUMMARY_METRICS: tuple[str, ...] = (
     "ndcg@5",
     "ndcg@10",
     "hit@1",
+    "chunk_hit@1",
+    "chunk_mrr@10",
     "abstention_precision",
     "abstention_recall",
     "ece",
