@@ -17,6 +17,16 @@ Definitions (k is a cut-off; `ranked` is the entity list de-duplicated keeping f
                   over queries that have an expected chunk (the passage-level figure: a chunk of
                   a document is one page, DOCX section or row block, or a piece of one).
 - chunk_hit@k   = 1 when `expected_top_chunk` is within the chunk list[:k], else 0 (same queries).
+- page_mrr@k    = 1 / rank of `expected_passage` within the de-duplicated passage list[:k], else
+                  0, over queries that have an expected passage. A result's passage is its
+                  entity and its citation after the file name (`QueryRun.passages`: a PDF page,
+                  DOCX section or spreadsheet row block), so two chunks of one page are one
+                  passage; unlike a chunk id it survives rechunking. A spreadsheet chunk
+                  cites its own rows: rows inside the expected row block are that block
+                  (`ragcore.quality.dataset.passage_within`).
+- page_hit@k    = 1 when `expected_passage` is within the passage list[:k], else 0 (same queries).
+- success_rate  = answerable queries whose status is SUCCESS (a result at or above the hard
+                  threshold) / answerable queries: IDENTIFIER_MATCH and NO_EVIDENCE are not.
 Ranking metrics are averaged over *answerable* queries only; an answerable query that abstained
 or failed counts with an empty ranking (all zeros) — failing must never raise a score.
 
@@ -62,7 +72,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ragcore.quality.dataset import EvalQuery, EvalSet, parse_chunk_id
+from ragcore.quality.dataset import EvalQuery, EvalSet, parse_chunk_id, passage_within
 from ragcore.quality.errors import EvalError
 from ragcore.textsim import duplicate_slots
 
@@ -114,6 +124,8 @@ class QueryRun:
     then below-threshold exclusions), for the calibration metrics. `texts` are the results'
     texts in rank order (for the near-duplicate share; empty when not collected);
     `context_ms` the server's time of the context (token budget) stage, when it ran.
+    `passages` are the results' passage ids in rank order (`ragcore.quality.dataset.passage_id`:
+    entity and citation locator), empty when not collected.
     """
 
     query_id: str
@@ -125,6 +137,7 @@ class QueryRun:
     scored: tuple[tuple[str, float], ...] = ()
     texts: tuple[str, ...] = ()
     context_ms: float | None = None
+    passages: tuple[str, ...] = ()
 
     @classmethod
     def from_chunk_ids(
@@ -245,6 +258,8 @@ class QueryRow:
     #: (top-5 slots held by a near-duplicate of a better result, top-5 slots with a text)
     duplicate_slots: tuple[int, int] = (0, 0)
     context_ms: float | None = None
+    expected_passage_rank: int | None = None  # 1-based, None when absent or not judged
+    top_passages: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable form."""
@@ -259,9 +274,11 @@ class QueryRow:
             "returned": self.returned,
             "first_relevant_rank": self.first_relevant_rank,
             "expected_chunk_rank": self.expected_chunk_rank,
+            "expected_passage_rank": self.expected_passage_rank,
             "hard_negative_above_relevant": self.hard_negative_above_relevant,
             "metrics": dict(self.metrics),
             "top_entities": list(self.top_entities),
+            "top_passages": list(self.top_passages),
             "best_evidence": self.calibration[0][0] if self.calibration else None,
             "near_duplicate_slots@5": self.duplicate_slots[0],
         }
@@ -305,10 +322,22 @@ def evaluate_query(query: EvalQuery, run: QueryRun, ks: Sequence[int] = DEFAULT_
     # Only a pack with results carries them; anything listed on NO_EVIDENCE/FAILED is ignored.
     ranked = dedup(run.entity_ids) if succeeded else []
     chunks = dedup(run.chunk_ids) if succeeded else []
+    expected_passage = query.expected_passage
+    passages = (
+        dedup(
+            expected_passage
+            if expected_passage is not None and passage_within(p, expected_passage)
+            else p
+            for p in run.passages
+        )
+        if succeeded
+        else []
+    )
     relevant = query.relevant
     metrics: dict[str, float] = {}
     first_relevant: int | None = None
     chunk_rank: int | None = None
+    passage_rank: int | None = None
     if query.answerable:
         for k in ks:
             metrics[f"recall@{k}"] = recall_at(ranked, relevant, k)
@@ -327,6 +356,12 @@ def evaluate_query(query: EvalQuery, run: QueryRun, ks: Sequence[int] = DEFAULT_
                 metrics[f"chunk_hit@{k}"] = 1.0 if query.expected_top_chunk in chunks[:k] else 0.0
             if query.expected_top_chunk in chunks:
                 chunk_rank = chunks.index(query.expected_top_chunk) + 1
+        if query.expected_passage is not None:
+            for k in ks:
+                metrics[f"page_mrr@{k}"] = reciprocal_rank_at(passages, {query.expected_passage}, k)
+                metrics[f"page_hit@{k}"] = 1.0 if query.expected_passage in passages[:k] else 0.0
+            if query.expected_passage in passages:
+                passage_rank = passages.index(query.expected_passage) + 1
     negative_above: bool | None = None
     if query.hard_negatives:
         negatives = set(query.hard_negatives)
@@ -364,9 +399,11 @@ def evaluate_query(query: EvalQuery, run: QueryRun, ks: Sequence[int] = DEFAULT_
         hard_negative_above_relevant=negative_above,
         metrics=metrics,
         top_entities=tuple(ranked[: max(ks)]),
+        top_passages=tuple(passages[: max(ks)]),
         calibration=calibration,
         duplicate_slots=slots,
         context_ms=run.context_ms,
+        expected_passage_rank=passage_rank,
     )
 
 
@@ -435,6 +472,14 @@ def aggregate(rows: Sequence[QueryRow], ks: Sequence[int] = DEFAULT_KS) -> dict[
     for k in ks:
         out[f"chunk_mrr@{k}"] = _mean([r.metrics[f"chunk_mrr@{k}"] for r in with_chunk])
         out[f"chunk_hit@{k}"] = _mean([r.metrics[f"chunk_hit@{k}"] for r in with_chunk])
+    with_passage = [r for r in answerable if any(m.startswith("page_mrr@") for m in r.metrics)]
+    out["n_expected_passage"] = float(len(with_passage))
+    for k in ks:
+        out[f"page_mrr@{k}"] = _mean([r.metrics[f"page_mrr@{k}"] for r in with_passage])
+        out[f"page_hit@{k}"] = _mean([r.metrics[f"page_hit@{k}"] for r in with_passage])
+    out["success_rate"] = _ratio(
+        sum(1 for r in answerable if r.status is Status.SUCCESS), len(answerable)
+    )
     correct_abstentions = sum(1 for r in abstained if not r.answerable)
     out["abstention_precision"] = _ratio(correct_abstentions, len(abstained))
     out["abstention_recall"] = _ratio(correct_abstentions, len(unanswerable))

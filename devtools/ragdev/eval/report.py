@@ -29,6 +29,7 @@ DEFAULT_CHART_METRICS: tuple[str, ...] = (
     "ndcg@10",
     "hit@1",
     "chunk_mrr@10",
+    "page_mrr@10",
     "abstention_precision",
     "abstention_recall",
 )
@@ -41,6 +42,9 @@ SUMMARY_METRICS: tuple[str, ...] = (
     "hit@1",
     "chunk_hit@1",
     "chunk_mrr@10",
+    "page_hit@1",
+    "page_mrr@10",
+    "success_rate",
     "abstention_precision",
     "abstention_recall",
     "ece",
