@@ -37,10 +37,15 @@ typecheck: venv
 unit: venv
 	$(BIN)/pytest -m unit -q
 
-# The golden-set regression gate, through the real gRPC Retrieve path.
+# The regression gates, through the real gRPC Retrieve path: the golden set, the documents set
+# (page-level hit@1 and MRR) and the held-out paraphrase set (found in top 3, SUCCESS).
 eval-gate: venv
 	$(BIN)/ragstream eval --dataset golden --configs default \
 		--gate devtools/ragdev/eval/data/golden.gate.json --json .eval-golden.json
+	$(BIN)/ragstream eval --dataset documents --configs default \
+		--gate devtools/ragdev/eval/data/documents.gate.json --json .eval-documents.json
+	$(BIN)/ragstream eval --dataset paraphrase --configs default \
+		--gate devtools/ragdev/eval/data/paraphrase.gate.json --json .eval-paraphrase.json
 
 # The suite in TEST_WORKERS processes, a file per worker at a time (a file's fixtures stay in one
 # process); then the `serial` tests alone: they time alerts against a live Prometheus, which

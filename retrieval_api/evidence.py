@@ -8,7 +8,9 @@ other OK ones its `also_in`);
 DELETED / STALE / MISSING ones are excluded with their reason (the caller publishes a reindex
 request for each, see `reindex_requests`); UNVERIFIABLE ones (a table the reader cannot read)
 and SOR_ROW_UNREADABLE ones (a row whose content cannot be judged) are excluded without one.
-Results are never fabricated: with no OK chunk the status is NO_EVIDENCE.
+Results are never fabricated: with no OK chunk the status is NO_EVIDENCE. SUCCESS means some
+result reaches the hard threshold; results that are there only because they hold an
+identifier of the query (none reaching it) are IDENTIFIER_MATCH, with confidence NONE.
 
 A pack with results always holds a chunk at or above the hard threshold (or one holding an
 identifier of the query): when the SoR check leaves only supporting chunks (kept down to the
@@ -517,9 +519,13 @@ def build_pack(
         results = []
     verification = walk.verification
     verified = walk.verified
-    status = pb.RETRIEVAL_STATUS_SUCCESS if results else pb.RETRIEVAL_STATUS_NO_EVIDENCE
+    status = pack_status([r.scores.final for r in results], ranking.thresholds.hard)
+    # the class of the best score among the results: the first result may be an identifier's
+    # chunk under the threshold ranked above the one that answers (SUCCESS is never NONE)
     confidence = (
-        ranking.thresholds.classify(results[0].scores.final) if results else Confidence.NONE
+        ranking.thresholds.classify(max(r.scores.final for r in results))
+        if results
+        else Confidence.NONE
     )
     pack = pb.EvidencePack(
         request_id=request.request_id,
@@ -564,6 +570,15 @@ def build_pack(
         pack.context_budget.CopyFrom(_budget(context))
     _set_timings(pack, timings_ms)
     return pack
+
+
+def pack_status(finals: Sequence[float], hard: float) -> pb.RetrievalStatus.ValueType:
+    """SUCCESS when some result reaches the hard threshold; IDENTIFIER_MATCH when there are
+    results but each is only there for an identifier of the query it holds; else
+    NO_EVIDENCE. A SUCCESS always promises a passage estimated to answer (issue 43)."""
+    if any(final >= hard for final in finals):
+        return pb.RETRIEVAL_STATUS_SUCCESS
+    return pb.RETRIEVAL_STATUS_IDENTIFIER_MATCH if finals else pb.RETRIEVAL_STATUS_NO_EVIDENCE
 
 
 def error_pack(

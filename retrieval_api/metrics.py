@@ -40,7 +40,8 @@ class RetrieveMetrics:
         self.registry = registry
         self.requests = Counter(
             "ragstream_retrieve_requests_total",
-            "Retrieve requests by evidence-pack status (SUCCESS, NO_EVIDENCE, FAILED) and gRPC "
+            "Retrieve requests by evidence-pack status (SUCCESS, NO_EVIDENCE, IDENTIFIER_MATCH, "
+            "FAILED) and gRPC "
             "status code (OK, or the code of a failure: InvalidArgument ... client errors, "
             "Unavailable, Internal ... server errors).",
             ["status", "code"],
@@ -114,6 +115,7 @@ class RetrieveMetrics:
         for status, code in (
             ("SUCCESS", "OK"),
             ("NO_EVIDENCE", "OK"),
+            ("IDENTIFIER_MATCH", "OK"),
             *(("FAILED", code) for code in SERVER_ERROR_CODES),
         ):
             self.requests_of(status, code)

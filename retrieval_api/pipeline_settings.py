@@ -93,7 +93,27 @@ class RetrievalConfig(BaseModel):
 
     # --- ranking ---
     dedup_per_entity: bool = Field(
-        default=True, description="Keep only the best chunk of each entity."
+        default=True,
+        description="One result per entity (its chunk with the best evidence, in the entity's "
+        "place), unless another chunk cites another part of a document or answers by itself "
+        "(`distinct_document_parts`, `answering_chunks`).",
+    )
+    passage_lead: Literal["evidence", "order"] = Field(
+        default="evidence",
+        description="Which chunk of an entity is its result: `evidence` = the one holding most "
+        "of the query's identifiers, then with the best evidence score; `order` = the entity's "
+        "first chunk in the result order (the behaviour before issue 43).",
+    )
+    distinct_document_parts: bool = Field(
+        default=True,
+        description="Chunks of different pages, DOCX sections or row blocks of one document "
+        "are distinct passages, never each other's duplicates (unless their texts are: "
+        "near-duplicate collapse).",
+    )
+    answering_chunks: bool = Field(
+        default=True,
+        description="A further chunk of an entity that reaches the hard evidence threshold by "
+        "itself is a result of its own (not a duplicate).",
     )
     # calibrated: the configured fusion unless the index's calibration queries show another
     # order better (docs/decisions/fusion-weights-from-held-out-evidence.md)

@@ -15,7 +15,11 @@ point id asc):
    supporting floor (`Thresholds.floor`). A chunk that contains an identifier of the query (an
    error code, ticket or part number that occurs in the tenant's corpus) is never excluded as
    below threshold in favour of chunks without it, and it ranks before them;
-3. the same chunk twice, or (when enabled) a worse chunk of an already kept entity -> DUPLICATE;
+3. the same chunk twice -> DUPLICATE; (when enabled) one passage per entity: the entity keeps
+   its place in the order and its chunk with the most of the query's identifiers, then the
+   best calibrated score, fills it; a further chunk is a result of its own when it cites another
+   part of a document (page, DOCX section, row block) or reaches the hard threshold by itself,
+   else DUPLICATE (`_passages`);
 4. (when enabled) near-duplicates are collapsed: a survivor whose text is the same or nearly the
    same as a better one's (`ragcore.textsim`: the same ticket filed by many customers) is not a
    result of its own but one of that result's `similar` chunks (the pack lists them as
@@ -69,6 +73,7 @@ PAYLOAD_KEYS: tuple[str, ...] = (
     ENTITY_ID,
     "text",
     SIGNATURE_WORDS,
+    "locator",  # a document's page, section or rows: distinct passages of one entity
 )
 
 
@@ -419,6 +424,9 @@ def rank(
     explanations_first: bool = False,
     near_duplicate_similarity: float | None = None,
     diversity_lambda: float | None = None,
+    distinct_parts: bool = True,
+    answering_chunks: bool = True,
+    lead_by: Literal["evidence", "order"] = "evidence",
 ) -> Ranking:
     """Order, filter, threshold, dedup, collapse and diversify candidates; see the module
     docstring.
@@ -451,10 +459,8 @@ def rank(
 
     scored.sort(key=key)
 
-    survivors: list[RankedChunk] = []
-    excluded: list[Excluded] = []
+    excluded: list[tuple[int, Excluded]] = []  # with their place in the order
     seen_chunks: set[str] = set()
-    seen_entities: set[str] = set()
     filtered = below = duplicates = 0
     allowed = [matches_filter(cand.hit.payload, store_filter) for _, cand in scored]
     has_evidence = any(
@@ -462,20 +468,45 @@ def rank(
         for ok, (final, cand) in zip(allowed, scored, strict=True)
     )
     cut = thresholds.supporting if has_evidence else thresholds.hard
-    for ok, (final, cand) in zip(allowed, scored, strict=True):
+    eligible: list[RankedChunk] = []
+    at: list[int] = []  # the place of each eligible chunk in the order
+    for n, (ok, (final, cand)) in enumerate(zip(allowed, scored, strict=True)):
         reason: ExclusionReason | None = None
         if not ok:
             reason, filtered = ExclusionReason.FILTERED, filtered + 1
         elif final < cut and not (protect_identifiers and cand.identifiers):
             reason, below = ExclusionReason.BELOW_THRESHOLD, below + 1
-        elif cand.chunk_id in seen_chunks or (dedup_per_entity and cand.entity_id in seen_entities):
+        elif cand.chunk_id in seen_chunks:
             reason, duplicates = ExclusionReason.DUPLICATE, duplicates + 1
         if reason is not None:
-            excluded.append(Excluded(cand.chunk_id, cand.entity_id, reason, final))
+            excluded.append((n, Excluded(cand.chunk_id, cand.entity_id, reason, final)))
             continue
         seen_chunks.add(cand.chunk_id)
-        seen_entities.add(cand.entity_id)
-        survivors.append(RankedChunk(cand, final))
+        eligible.append(RankedChunk(cand, final))
+        at.append(n)
+
+    # the place each survivor took: its own, or that of the chunk of its entity (or of its
+    # near-duplicate group) it displaced; MMR reads the tier and relevance of the place, so
+    # choosing the passage that answers never moves its entity
+    place: dict[str, Candidate] = {}
+    if dedup_per_entity:
+        survivors, repeats = _passages(
+            eligible,
+            place,
+            hard=thresholds.hard,
+            distinct_parts=distinct_parts,
+            answering_chunks=answering_chunks,
+            identifiers_first=protect_identifiers,
+            lead_by=lead_by,
+        )
+        duplicates += len(repeats)
+        excluded += [
+            (at[i], Excluded(r.chunk_id, r.entity_id, ExclusionReason.DUPLICATE, r.final))
+            for i, r in repeats
+        ]
+        excluded.sort(key=lambda item: item[0])
+    else:
+        survivors = eligible
 
     collapsed = 0
     signatures: list[Signature] = []
@@ -483,7 +514,7 @@ def rank(
         signatures = [payload_signature(s.payload) for s in survivors]
     if near_duplicate_similarity is not None:
         before = len(survivors)
-        survivors, signatures = _collapse(survivors, signatures, near_duplicate_similarity)
+        survivors, signatures = _collapse(survivors, signatures, near_duplicate_similarity, place)
         collapsed = before - len(survivors)
     if diversity_lambda is not None and diversity_lambda < 1.0:
         survivors = _diversify(
@@ -491,14 +522,14 @@ def rank(
             signatures,
             lam=diversity_lambda,
             top_k=top_k,
-            relevance=lambda r: r.candidate.hit.score if by_hit else r.final,
-            tier=lambda r: tier(r.candidate),
+            relevance=lambda r: _placed(r, place).hit.score if by_hit else r.final,
+            tier=lambda r: tier(_placed(r, place)),
         )
 
     return Ranking(
         results=tuple(survivors[:top_k]),
         reserve=tuple(survivors[top_k:]),
-        excluded=tuple(excluded),
+        excluded=tuple(x for _, x in excluded),
         counters=RankingCounters(
             candidates=len(candidates),
             rejected_by_filter=filtered,
@@ -513,13 +544,101 @@ def rank(
     )
 
 
+def _placed(chunk: RankedChunk, place: Mapping[str, Candidate]) -> Candidate:
+    """The candidate whose place in the order `chunk` took (itself when it took none)."""
+    return place.get(chunk.chunk_id, chunk.candidate)
+
+
+def document_part(payload: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The part of its document a chunk cites: the locator's `section_path` (file name, then
+    the PDF page, the DOCX heading path, or the sheet and rows) when the locator names a
+    document; None for a chunk of any other entity."""
+    locator = payload.get("locator")
+    if not isinstance(locator, Mapping) or not isinstance(locator.get("document"), str):
+        return None
+    path = locator.get("section_path")
+    if not isinstance(path, list | tuple) or not path:
+        return None
+    return tuple(str(p) for p in path)
+
+
+def _passages(
+    eligible: list[RankedChunk],
+    place: dict[str, Candidate],
+    *,
+    hard: float,
+    distinct_parts: bool,
+    answering_chunks: bool,
+    identifiers_first: bool,
+    lead_by: Literal["evidence", "order"] = "evidence",
+) -> tuple[list[RankedChunk], list[tuple[int, RankedChunk]]]:
+    """Per-entity dedup that keeps the passage which answers (best first, and the repeats).
+
+    The entities keep their places in the order (`eligible`'s), but which of an entity's chunks
+    fills its first place is decided by the chunks themselves: the one holding the most of the
+    query's identifiers, then the best calibrated (evidence) score, not the best ordering score.
+    A further chunk of the entity is a result of its own when it cites another part of a
+    document (a page, a DOCX section, a block of rows; `distinct_parts`) or, with
+    `answering_chunks`, when it reaches the hard threshold by itself; the others are repeats
+    (DUPLICATE). The kept chunks of an entity fill its places best first: the entity's first
+    place and the places of its other kept chunks. `place` records, per kept chunk, the
+    candidate whose place it took; the repeats come with their index in `eligible`.
+    `lead_by="order"` leads with the entity's first chunk in the
+    order instead (dedup before issue 43; kept to measure against).
+    """
+    members: dict[str, list[int]] = {}
+    for i, chunk in enumerate(eligible):
+        members.setdefault(chunk.entity_id, []).append(i)
+    slots: dict[int, RankedChunk] = {}
+    repeats: list[tuple[int, RankedChunk]] = []
+
+    def best(i: int) -> tuple[int, float, str, str]:
+        if lead_by == "order":  # the entity's first chunk in the order (before issue 43)
+            return (0, float(i), "", "")
+        c = eligible[i]
+        held = -len(c.candidate.identifiers) if identifiers_first else 0
+        return (held, -c.final, c.chunk_id, c.candidate.point_id)
+
+    for indexes in members.values():
+        kept: list[int] = []
+        parts: set[tuple[str, ...]] = set()
+        for n, i in enumerate(sorted(indexes, key=best)):
+            chunk = eligible[i]
+            part = document_part(chunk.payload) if distinct_parts else None
+            if n == 0 or (part is not None and part not in parts):
+                keep = True
+            else:
+                keep = answering_chunks and part is None and chunk.final >= hard
+            if keep:
+                kept.append(i)
+                if part is not None:
+                    parts.add(part)
+            else:
+                repeats.append((i, chunk))
+        # the lead takes the entity's first place; the others keep theirs
+        taken = {indexes[0], *kept[1:]}
+        if len(taken) < len(kept):  # the entity's first chunk is kept too: the lead's place
+            taken.add(kept[0])
+        for at, i in zip(sorted(taken), kept, strict=True):
+            slots[at] = eligible[i]
+            if at != i:
+                place[eligible[i].chunk_id] = eligible[at].candidate
+    repeats.sort(key=lambda r: r[0])
+    return [slots[at] for at in sorted(slots)], repeats
+
+
 def _collapse(
-    survivors: list[RankedChunk], signatures: list[Signature], cut: float
+    survivors: list[RankedChunk],
+    signatures: list[Signature],
+    cut: float,
+    place: dict[str, Candidate] | None = None,
 ) -> tuple[list[RankedChunk], list[Signature]]:
-    """Fold each survivor into the best earlier one whose text it nearly repeats."""
+    """Fold each survivor into the best earlier one whose text it nearly repeats; of a group,
+    the chunk with the best calibrated score leads it (in the group's place: `place` records
+    whose), the others are its `similar` chunks in order."""
     keep: list[RankedChunk] = []
     kept: list[Signature] = []
-    members: list[list[RankedChunk]] = []
+    members: list[list[tuple[RankedChunk, Signature]]] = []
     for chunk, sig in zip(survivors, signatures, strict=True):
         n = len(sig)
         for i, other in enumerate(kept):
@@ -527,17 +646,28 @@ def _collapse(
             # Jaccard >= cut needs the smaller set to hold >= cut of the larger: skip the rest
             # (the smaller of the two sizes against the larger, without sorting each pair)
             if (n >= cut * m if n <= m else m >= cut * n) and similarity(sig, other) >= cut:
-                members[i].append(chunk)
+                members[i].append((chunk, sig))
                 break
         else:
             keep.append(chunk)
             kept.append(sig)
             members.append([])
-    out = [
-        RankedChunk(c.candidate, c.final, tuple(m)) if m else c
-        for c, m in zip(keep, members, strict=True)
-    ]
-    return out, kept
+    out: list[RankedChunk] = []
+    lead_signatures: list[Signature] = []
+    for first, sig, rest in zip(keep, kept, members, strict=True):
+        if not rest:
+            out.append(first)
+            lead_signatures.append(sig)
+            continue
+        group = [(first, sig), *rest]
+        lead = max(range(len(group)), key=lambda j: (group[j][0].final, -j))
+        chunk, lead_sig = group[lead]
+        if lead and place is not None:
+            place[chunk.chunk_id] = _placed(first, place)
+        others = tuple(c for j, (c, _) in enumerate(group) if j != lead)
+        out.append(RankedChunk(chunk.candidate, chunk.final, others))
+        lead_signatures.append(lead_sig)
+    return out, lead_signatures
 
 
 def _diversify(

@@ -75,6 +75,7 @@ _STATUS = {
     pb.RETRIEVAL_STATUS_SUCCESS: "SUCCESS",
     pb.RETRIEVAL_STATUS_NO_EVIDENCE: "NO_EVIDENCE",
     pb.RETRIEVAL_STATUS_FAILED: "FAILED",
+    pb.RETRIEVAL_STATUS_IDENTIFIER_MATCH: "IDENTIFIER_MATCH",
 }
 
 
@@ -251,6 +252,9 @@ class Retriever:
                     else None
                 ),
                 diversity_lambda=self.config.diversity_lambda if self.config.diversity else None,
+                distinct_parts=self.config.distinct_document_parts,
+                answering_chunks=self.config.answering_chunks,
+                lead_by=self.config.passage_lead,
             )
         with stage("verify"):
             ids = entities_to_verify(ranking)

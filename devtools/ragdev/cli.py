@@ -30,7 +30,10 @@ BENCHMARKS = {
     "calibration": "what one index's calibration costs (CPU, wall), with a hash of its result",
 }
 #: `ragstream eval --dataset`: the named eval sets (or a path).
-DATASETS = "golden | manpages | faqs | demo | neardomain | beir:<dir> | <evalset.json>"
+DATASETS = (
+    "golden | manpages | faqs | demo | neardomain | paraphrase | documents | beir:<dir> | "
+    "<evalset.json>"
+)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

@@ -3,7 +3,10 @@
 An `EvalSet` is self-contained: its entities are loaded into a SoR (and so indexed through the
 normal ingest path) and its queries are sent through Retrieve. Judgments are at entity level
 (`relevant`: entity id -> grade 1..3, 3 = answers the question, 1 = related and useful) plus an
-optional `expected_top_chunk` for queries whose answer sits in one section of a long entity.
+optional `expected_top_chunk` for queries whose answer sits in one section of a long entity,
+and an optional `expected_passage` for a document's answer: the page, DOCX section or spreadsheet
+row block that holds it, named as its citation names it (`<entity_id>#p. 3`,
+`<entity_id>#Safety > Lockout`, `<entity_id>#Prices > rows 42-81`), which survives rechunking.
 
 Validation (beyond field types) that the JSON Schema cannot express:
 - entity ids are unique across the whole set (judgments and chunk ids name entities without a
@@ -13,7 +16,8 @@ Validation (beyond field types) that the JSON Schema cannot express:
   answerable (an unanswerable query must get NO_EVIDENCE);
 - `expected_top_chunk` is `<entity_id>:chunk:<n>` of a relevant entity; `answer_text`, when
   given, is a verbatim excerpt of that entity so the chunk can be re-located when chunking
-  changes (`relocate_expected_chunks`).
+  changes (`relocate_expected_chunks`);
+- `expected_passage` is `<entity_id>#<locator>` of a relevant entity.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ Grade = Annotated[int, Field(ge=1, le=3)]
 TENANT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 MAX_GRADE = 3
 CHUNK_SEPARATOR = ":chunk:"
+#: Between the entity id and the locator of a passage id (`<entity_id>#<locator>`).
+PASSAGE_SEPARATOR = "#"
+#: Between the parts of a passage's locator (its section path after the file name).
+LOCATOR_SEPARATOR = " > "
 _CHUNK_ID_RE = re.compile(r"^(?P<entity>.+):chunk:(?P<index>0|[1-9][0-9]*)$")
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -75,6 +83,52 @@ def parse_chunk_id(chunk_id: str) -> tuple[str, int]:
     return match["entity"], int(match["index"])
 
 
+def passage_id(entity_id: str, path: Sequence[str]) -> str:
+    """The id of one passage of an entity: `<entity_id>#<locator>`, the locator being the
+    citation's path after the file name joined by " > " (`p. 3`, `Safety > Lockout`,
+    `Prices > rows 42-81`; empty for an entity that is not a document)."""
+    return f"{entity_id}{PASSAGE_SEPARATOR}{LOCATOR_SEPARATOR.join(path)}"
+
+
+def parse_passage_id(value: str) -> tuple[str, str]:
+    """Split `<entity_id>#<locator>` into (entity_id, locator) at the first "#" (entity ids of
+    an eval set never hold one); ValueError when it is not a passage id."""
+    entity_id, separator, locator = value.partition(PASSAGE_SEPARATOR)
+    if not separator or not entity_id or not locator.strip():
+        raise ValueError(f"not a passage id of the form '<entity_id>#<locator>': {value!r}")
+    return entity_id, locator
+
+
+_ROWS_RE = re.compile(r"^(?P<sheet>.*?)(?: > )?rows? (?P<first>[0-9]+)(?:-(?P<last>[0-9]+))?$")
+
+
+def _row_range(locator: str) -> tuple[str, int, int] | None:
+    """(sheet part, first row, last row) of a spreadsheet locator (`Parts > rows 42-81`,
+    `rows 3-9`, `Parts > row 7`), None for any other locator."""
+    match = _ROWS_RE.fullmatch(locator)
+    if match is None:
+        return None
+    first = int(match["first"])
+    return match["sheet"], first, int(match["last"] or first)
+
+
+def passage_within(passage: str, expected: str) -> bool:
+    """True when `passage` is the `expected` passage or a part of it: the same entity and
+    locator, or rows of the same sheet inside the expected row block (a spreadsheet chunk
+    cites its own rows, `Parts > rows 50-57`, inside its block `Parts > rows 42-81`)."""
+    if passage == expected:
+        return True
+    try:
+        entity, locator = parse_passage_id(passage)
+        expected_entity, expected_locator = parse_passage_id(expected)
+    except ValueError:
+        return False
+    rows, block = _row_range(locator), _row_range(expected_locator)
+    if entity != expected_entity or rows is None or block is None:
+        return False
+    return rows[0] == block[0] and block[1] <= rows[1] and rows[2] <= block[2]
+
+
 class EvalEntity(BaseModel):
     """One document of an eval set, as a SoR row would hold it."""
 
@@ -98,9 +152,10 @@ class EvalEntity(BaseModel):
     @field_validator("entity_id")
     @classmethod
     def _entity_id(cls, value: str) -> str:
-        if CHUNK_SEPARATOR in value or value != value.strip():
+        if CHUNK_SEPARATOR in value or PASSAGE_SEPARATOR in value or value != value.strip():
             raise ValueError(
-                f"entity id {value!r} must not contain {CHUNK_SEPARATOR!r} or surrounding spaces"
+                f"entity id {value!r} must not contain {CHUNK_SEPARATOR!r}, "
+                f"{PASSAGE_SEPARATOR!r} or surrounding spaces"
             )
         return value
 
@@ -136,6 +191,12 @@ class EvalQuery(BaseModel):
         default=None,
         description="Verbatim excerpt of the expected chunk's entity that holds the answer.",
     )
+    expected_passage: str | None = Field(
+        default=None,
+        description="'<entity_id>#<locator>': the page, DOCX section or spreadsheet row block "
+        "holding the answer, as its citation names it after the file name ('p. 3', "
+        "'Safety > Lockout', 'Prices > rows 42-81')",
+    )
     hard_negatives: tuple[str, ...] = Field(
         default=(), description="Entities that share words with the query but do not answer it."
     )
@@ -169,6 +230,13 @@ class EvalQuery(BaseModel):
             if entity_id not in self.relevant:
                 raise ValueError(
                     f"query {self.query_id}: expected_top_chunk {self.expected_top_chunk!r} "
+                    f"belongs to {entity_id!r}, which is not among its relevant entities"
+                )
+        if self.expected_passage is not None:
+            entity_id, _ = parse_passage_id(self.expected_passage)
+            if entity_id not in self.relevant:
+                raise ValueError(
+                    f"query {self.query_id}: expected_passage {self.expected_passage!r} "
                     f"belongs to {entity_id!r}, which is not among its relevant entities"
                 )
         if self.answer_text is not None and self.expected_top_chunk is None:

@@ -14,7 +14,19 @@ Definitions (k is a cut-off; `ranked` is the entity list de-duplicated keeping f
                   trec_eval / pytrec_eval (and so published BEIR numbers) use, so BEIR runs are
                   comparable; with binary judgments it equals exponential gain (2^rel - 1).
 - chunk_mrr@k   = 1 / rank of `expected_top_chunk` within the de-duplicated chunk list[:k], else 0,
-                  over queries that have an expected chunk.
+                  over queries that have an expected chunk (the passage-level figure: a chunk of
+                  a document is one page, DOCX section or row block, or a piece of one).
+- chunk_hit@k   = 1 when `expected_top_chunk` is within the chunk list[:k], else 0 (same queries).
+- page_mrr@k    = 1 / rank of `expected_passage` within the de-duplicated passage list[:k], else
+                  0, over queries that have an expected passage. A result's passage is its
+                  entity and its citation after the file name (`QueryRun.passages`: a PDF page,
+                  DOCX section or spreadsheet row block), so two chunks of one page are one
+                  passage; unlike a chunk id it survives rechunking. A spreadsheet chunk
+                  cites its own rows: rows inside the expected row block are that block
+                  (`ragcore.quality.dataset.passage_within`).
+- page_hit@k    = 1 when `expected_passage` is within the passage list[:k], else 0 (same queries).
+- success_rate  = answerable queries whose status is SUCCESS (a result at or above the hard
+                  threshold) / answerable queries: IDENTIFIER_MATCH and NO_EVIDENCE are not.
 Ranking metrics are averaged over *answerable* queries only; an answerable query that abstained
 or failed counts with an empty ranking (all zeros) — failing must never raise a score.
 
@@ -60,7 +72,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ragcore.quality.dataset import EvalQuery, EvalSet, parse_chunk_id
+from ragcore.quality.dataset import EvalQuery, EvalSet, parse_chunk_id, passage_within
 from ragcore.quality.errors import EvalError
 from ragcore.textsim import duplicate_slots
 
@@ -83,6 +95,14 @@ class Status(StrEnum):
     SUCCESS = "SUCCESS"
     NO_EVIDENCE = "NO_EVIDENCE"
     FAILED = "FAILED"
+    #: results kept only for an identifier of the query, none at the hard threshold
+    IDENTIFIER_MATCH = "IDENTIFIER_MATCH"
+
+    @property
+    def has_results(self) -> bool:
+        """The pack lists results the metrics rank (SUCCESS or IDENTIFIER_MATCH): the eval
+        scores what a caller is shown; only NO_EVIDENCE is an abstention."""
+        return self in (Status.SUCCESS, Status.IDENTIFIER_MATCH)
 
     @classmethod
     def parse(cls, value: str) -> Status:
@@ -104,6 +124,8 @@ class QueryRun:
     then below-threshold exclusions), for the calibration metrics. `texts` are the results'
     texts in rank order (for the near-duplicate share; empty when not collected);
     `context_ms` the server's time of the context (token budget) stage, when it ran.
+    `passages` are the results' passage ids in rank order (`ragcore.quality.dataset.passage_id`:
+    entity and citation locator), empty when not collected.
     """
 
     query_id: str
@@ -115,6 +137,7 @@ class QueryRun:
     scored: tuple[tuple[str, float], ...] = ()
     texts: tuple[str, ...] = ()
     context_ms: float | None = None
+    passages: tuple[str, ...] = ()
 
     @classmethod
     def from_chunk_ids(
@@ -235,6 +258,8 @@ class QueryRow:
     #: (top-5 slots held by a near-duplicate of a better result, top-5 slots with a text)
     duplicate_slots: tuple[int, int] = (0, 0)
     context_ms: float | None = None
+    expected_passage_rank: int | None = None  # 1-based, None when absent or not judged
+    top_passages: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable form."""
@@ -249,9 +274,11 @@ class QueryRow:
             "returned": self.returned,
             "first_relevant_rank": self.first_relevant_rank,
             "expected_chunk_rank": self.expected_chunk_rank,
+            "expected_passage_rank": self.expected_passage_rank,
             "hard_negative_above_relevant": self.hard_negative_above_relevant,
             "metrics": dict(self.metrics),
             "top_entities": list(self.top_entities),
+            "top_passages": list(self.top_passages),
             "best_evidence": self.calibration[0][0] if self.calibration else None,
             "near_duplicate_slots@5": self.duplicate_slots[0],
         }
@@ -291,14 +318,26 @@ def evaluate_query(query: EvalQuery, run: QueryRun, ks: Sequence[int] = DEFAULT_
     """Score one query's run (see the module docstring for the definitions)."""
     if run.query_id != query.query_id:
         raise EvalError(f"run of {run.query_id!r} scored against query {query.query_id!r}")
-    succeeded = run.status is Status.SUCCESS
-    # Only a successful pack carries evidence; anything listed on NO_EVIDENCE/FAILED is ignored.
+    succeeded = run.status.has_results
+    # Only a pack with results carries them; anything listed on NO_EVIDENCE/FAILED is ignored.
     ranked = dedup(run.entity_ids) if succeeded else []
     chunks = dedup(run.chunk_ids) if succeeded else []
+    expected_passage = query.expected_passage
+    passages = (
+        dedup(
+            expected_passage
+            if expected_passage is not None and passage_within(p, expected_passage)
+            else p
+            for p in run.passages
+        )
+        if succeeded
+        else []
+    )
     relevant = query.relevant
     metrics: dict[str, float] = {}
     first_relevant: int | None = None
     chunk_rank: int | None = None
+    passage_rank: int | None = None
     if query.answerable:
         for k in ks:
             metrics[f"recall@{k}"] = recall_at(ranked, relevant, k)
@@ -314,8 +353,15 @@ def evaluate_query(query: EvalQuery, run: QueryRun, ks: Sequence[int] = DEFAULT_
                 metrics[f"chunk_mrr@{k}"] = reciprocal_rank_at(
                     chunks, {query.expected_top_chunk}, k
                 )
+                metrics[f"chunk_hit@{k}"] = 1.0 if query.expected_top_chunk in chunks[:k] else 0.0
             if query.expected_top_chunk in chunks:
                 chunk_rank = chunks.index(query.expected_top_chunk) + 1
+        if query.expected_passage is not None:
+            for k in ks:
+                metrics[f"page_mrr@{k}"] = reciprocal_rank_at(passages, {query.expected_passage}, k)
+                metrics[f"page_hit@{k}"] = 1.0 if query.expected_passage in passages[:k] else 0.0
+            if query.expected_passage in passages:
+                passage_rank = passages.index(query.expected_passage) + 1
     negative_above: bool | None = None
     if query.hard_negatives:
         negatives = set(query.hard_negatives)
@@ -353,9 +399,11 @@ def evaluate_query(query: EvalQuery, run: QueryRun, ks: Sequence[int] = DEFAULT_
         hard_negative_above_relevant=negative_above,
         metrics=metrics,
         top_entities=tuple(ranked[: max(ks)]),
+        top_passages=tuple(passages[: max(ks)]),
         calibration=calibration,
         duplicate_slots=slots,
         context_ms=run.context_ms,
+        expected_passage_rank=passage_rank,
     )
 
 
@@ -423,6 +471,15 @@ def aggregate(rows: Sequence[QueryRow], ks: Sequence[int] = DEFAULT_KS) -> dict[
     out["n_expected_chunk"] = float(len(with_chunk))
     for k in ks:
         out[f"chunk_mrr@{k}"] = _mean([r.metrics[f"chunk_mrr@{k}"] for r in with_chunk])
+        out[f"chunk_hit@{k}"] = _mean([r.metrics[f"chunk_hit@{k}"] for r in with_chunk])
+    with_passage = [r for r in answerable if any(m.startswith("page_mrr@") for m in r.metrics)]
+    out["n_expected_passage"] = float(len(with_passage))
+    for k in ks:
+        out[f"page_mrr@{k}"] = _mean([r.metrics[f"page_mrr@{k}"] for r in with_passage])
+        out[f"page_hit@{k}"] = _mean([r.metrics[f"page_hit@{k}"] for r in with_passage])
+    out["success_rate"] = _ratio(
+        sum(1 for r in answerable if r.status is Status.SUCCESS), len(answerable)
+    )
     correct_abstentions = sum(1 for r in abstained if not r.answerable)
     out["abstention_precision"] = _ratio(correct_abstentions, len(abstained))
     out["abstention_recall"] = _ratio(correct_abstentions, len(unanswerable))
@@ -438,6 +495,9 @@ def aggregate(rows: Sequence[QueryRow], ks: Sequence[int] = DEFAULT_KS) -> dict[
         sum(1 for r in answerable if r.abstained), len(answerable)
     )
     out["failed_rate"] = _ratio(sum(1 for r in rows if r.status is Status.FAILED), len(rows))
+    out["identifier_match_rate"] = _ratio(
+        sum(1 for r in rows if r.status is Status.IDENTIFIER_MATCH), len(rows)
+    )
     with_negatives = [r for r in rows if r.hard_negative_above_relevant is not None]
     out["hard_negative_rate"] = _ratio(
         sum(1 for r in with_negatives if r.hard_negative_above_relevant), len(with_negatives)

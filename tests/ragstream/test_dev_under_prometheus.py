@@ -138,6 +138,7 @@ def test_dev_stack_under_prometheus_fires_nothing_healthy_or_under_bad_clients(
                 assert _call(client, tenant, text, tokens[tenant]).status in (
                     pb.RETRIEVAL_STATUS_SUCCESS,
                     pb.RETRIEVAL_STATUS_NO_EVIDENCE,
+                    pb.RETRIEVAL_STATUS_IDENTIFIER_MATCH,  # E-2113 below the threshold
                 )
 
         _no_alerts_for(prometheus, 20, questions)

@@ -19,6 +19,7 @@ from retrieval_api.evidence import (
     build_pack,
     entities_to_verify,
     error_pack,
+    pack_status,
     reindex_requests,
     serialize_pack,
     verdicts_from_sor,
@@ -34,7 +35,7 @@ from retrieval_api.ranking import (
 )
 from retrieval_api.validate import ValidatedRequest
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
-from tests.retrieval_api.helpers import REQUEST_ID, TENANT, cand, request
+from tests.retrieval_api.helpers import REQUEST_ID, TENANT, cand, fused, request
 
 pytestmark = pytest.mark.unit
 
@@ -60,6 +61,7 @@ def ranked(req: ValidatedRequest, items: Sequence[Candidate] | None = None) -> R
         store_filter=req.store_filter,
         top_k=req.top_k,
         thresholds=req.thresholds(CONFIG, ScoreKind.COSINE),
+        answering_chunks=False,  # one chunk per entity: these tests are about the pack
     )
 
 
@@ -411,3 +413,35 @@ def test_a_timestamp_is_what_the_protobuf_conversion_makes_of_the_moment(moment:
 def test_a_naive_moment_has_no_timestamp() -> None:
     with pytest.raises(ValueError, match="no timezone"):
         _timestamp(datetime(2024, 7, 1, 8, 30))
+
+
+def test_identifier_only_results_are_identifier_match_never_success() -> None:
+    """Issue 43 item 4: a pack whose results are there only because they hold an identifier
+    of the query (none at the hard threshold) is IDENTIFIER_MATCH with confidence NONE."""
+    below = Candidate(
+        fused("rel:chunk:0", dense=0.1), 0.1, identifiers=("e-2113",)
+    )  # cosine 0.1: under every hard threshold of the cosine kind
+    pack = pack_for({"rel:chunk:0": Verdict.OK}, items=[below])
+    assert pack.status == pb.RETRIEVAL_STATUS_IDENTIFIER_MATCH
+    assert pack.confidence == pb.CONFIDENCE_NONE
+    assert [r.matched_identifiers for r in pack.results] == [["e-2113"]]
+    # one result at the threshold makes it SUCCESS, the identifier chunk still listed
+    above = cand("ans:chunk:0", 0.81)
+    pack = pack_for({"rel:chunk:0": Verdict.OK, "ans:chunk:0": Verdict.OK}, items=[below, above])
+    assert pack.status == pb.RETRIEVAL_STATUS_SUCCESS
+    assert pack.confidence != pb.CONFIDENCE_NONE
+    assert {r.chunk_id for r in pack.results} == {"rel:chunk:0", "ans:chunk:0"}
+
+
+@pytest.mark.parametrize(
+    ("finals", "expected"),
+    [
+        ([], pb.RETRIEVAL_STATUS_NO_EVIDENCE),
+        ([0.1, 0.2], pb.RETRIEVAL_STATUS_IDENTIFIER_MATCH),
+        ([0.1, 0.3], pb.RETRIEVAL_STATUS_SUCCESS),  # inclusive
+    ],
+)
+def test_pack_status_says_whether_a_result_reaches_the_threshold(
+    finals: list[float], expected: int
+) -> None:
+    assert pack_status(finals, 0.3) == expected

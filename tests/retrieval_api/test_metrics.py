@@ -40,7 +40,7 @@ def test_requests_start_at_zero_for_the_statuses_and_every_server_side_code() ->
     registry = CollectorRegistry()
     metrics = RetrieveMetrics(registry)
     exported = _labels(registry, "ragstream_retrieve_requests_total")
-    expected = {("SUCCESS", "OK"), ("NO_EVIDENCE", "OK")}
+    expected = {("SUCCESS", "OK"), ("NO_EVIDENCE", "OK"), ("IDENTIFIER_MATCH", "OK")}
     expected |= {("FAILED", code) for code in SERVER_ERROR_CODES}
     assert set(exported) == expected
     assert set(exported.values()) == {0.0}

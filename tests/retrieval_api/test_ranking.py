@@ -81,7 +81,7 @@ def test_sparse_only_hit_needs_an_explicit_cosine() -> None:
 
 def test_per_entity_dedup_keeps_the_best_chunk() -> None:
     candidates = [cand("e:chunk:1", 0.7), cand("e:chunk:0", 0.8), cand("f:chunk:0", 0.6)]
-    ranking = rank(candidates, store_filter=ANY, top_k=5, thresholds=T)
+    ranking = rank(candidates, store_filter=ANY, top_k=5, thresholds=T, answering_chunks=False)
     assert ids(ranking.results) == ["e:chunk:0", "f:chunk:0"]
     assert ranking.excluded == (Excluded("e:chunk:1", "e", ExclusionReason.DUPLICATE, 0.7),)
     assert ranking.counters.deduplicated == 1
@@ -496,3 +496,75 @@ def test_an_explanation_ranks_above_chunks_that_only_repeat_the_identifier() -> 
     # the identifier count still comes first
     two = replace(mention, identifiers=("e-2113", "e-2150"))
     assert ids(rank([two, answer], **kw, explanations_first=True).results)[0] == "t:chunk:0"
+
+
+def _page(chunk_id: str, evidence: float, order: float, part: str, **kw: Any) -> Candidate:
+    """A chunk of a PDF: its locator names the document and the page."""
+    locator = {"chunk_index": 0, "document": "manual.pdf", "section_path": ["manual.pdf", part]}
+    hit = replace(fused(chunk_id, dense=0.5, locator=locator), score=order)
+    return Candidate(hit, 0.5, evidence=evidence, **kw)
+
+
+EVIDENCE_KW: dict[str, Any] = {
+    "store_filter": ANY,
+    "top_k": 5,
+    "thresholds": E,
+    "score_kind": ScoreKind.EVIDENCE,
+    "order": "fused",
+}
+
+
+def test_an_entity_is_represented_by_its_best_evidence_chunk_in_its_own_place() -> None:
+    candidates = [
+        _evidence("e:chunk:0", 0.30, order=0.9),  # first in the order: the entity's place
+        _evidence("f:chunk:0", 0.50, order=0.8),
+        _evidence("e:chunk:2", 0.95, order=0.7),  # answers: it leads its entity
+    ]
+    ranking = rank(candidates, **EVIDENCE_KW, answering_chunks=False)
+    assert ids(ranking.results) == ["e:chunk:2", "f:chunk:0"]
+    assert ranking.excluded == (Excluded("e:chunk:0", "e", ExclusionReason.DUPLICATE, 0.30),)
+    # the rule before issue 43: the entity's first chunk in the order
+    before = rank(candidates, **EVIDENCE_KW, answering_chunks=False, lead_by="order")
+    assert ids(before.results) == ["e:chunk:0", "f:chunk:0"]
+
+
+def test_a_further_chunk_that_answers_by_itself_is_a_result_in_its_own_place() -> None:
+    candidates = [
+        _evidence("e:chunk:0", 0.90, order=0.9),
+        _evidence("f:chunk:0", 0.50, order=0.8),
+        _evidence("e:chunk:1", 0.45, order=0.7),  # >= hard 0.4: answers something
+        _evidence("e:chunk:2", 0.20, order=0.6),  # supporting only: a repeat of e
+    ]
+    ranking = rank(candidates, **EVIDENCE_KW)
+    assert ids(ranking.results) == ["e:chunk:0", "f:chunk:0", "e:chunk:1"]
+    assert [(x.chunk_id, x.reason) for x in ranking.excluded] == [
+        ("e:chunk:2", ExclusionReason.DUPLICATE)
+    ]
+
+
+def test_pages_of_a_document_are_distinct_passages_best_evidence_first() -> None:
+    candidates = [
+        _page("m:chunk:0", 0.25, order=0.9, part="p. 1", identifiers=("hydra-7",)),
+        _page("m:chunk:1", 0.97, order=0.8, part="p. 2", identifiers=("hydra-7",)),
+        _page("m:chunk:2", 0.15, order=0.7, part="p. 2"),  # the same page again: a repeat
+        _evidence("x:chunk:0", 0.60, order=0.75),
+    ]
+    ranking = rank(candidates, **EVIDENCE_KW)
+    # the document keeps its places (1 and 2); the page that answers takes the first
+    assert ids(ranking.results) == ["m:chunk:1", "m:chunk:0", "x:chunk:0"]
+    assert [(x.chunk_id, x.reason) for x in ranking.excluded] == [
+        ("m:chunk:2", ExclusionReason.DUPLICATE)
+    ]
+    folded = rank(candidates, **EVIDENCE_KW, distinct_parts=False, answering_chunks=False)
+    assert ids(folded.results) == ["m:chunk:1", "x:chunk:0"]
+
+
+def test_a_near_duplicate_group_is_led_by_its_best_evidence_copy() -> None:
+    text = TICKET.format(n=1)
+    candidates = [
+        Candidate(replace(fused("t1:chunk:0", dense=0.5, text=text), score=0.9), 0.5, evidence=0.5),
+        Candidate(replace(fused("t2:chunk:0", dense=0.5, text=text), score=0.8), 0.5, evidence=0.9),
+    ]
+    ranking = rank(candidates, **EVIDENCE_KW, near_duplicate_similarity=0.9)
+    assert ids(ranking.results) == ["t2:chunk:0"]
+    assert ids(ranking.results[0].similar) == ["t1:chunk:0"]

@@ -26,7 +26,11 @@ _SINGLE = {"order": "fused", "identifier_search": False, "identifier_priority": 
 #: threshold on the evidence score (`no_threshold`, `*_no_threshold`: none, so a channel's
 #: ranking is compared without abstention), `supporting_*` the floor of supporting chunks;
 #: `no_identifier_rule` drops the identifier search and priority; `no_collapse`, `no_diversity`,
-#: `no_explanations_first` turn one step of distinct evidence off, `plain_ranking` all three.
+#: `no_explanations_first` turn one step of distinct evidence off, `plain_ranking` all three;
+#: `entity_first_chunk` is per-entity dedup before issue 43 (an entity's first chunk in the
+#: order, pages of a document each other's duplicates), `no_distinct_parts` folds a document's
+#: pages into one result, `one_chunk_per_entity` also drops a further chunk of an entity that
+#: reaches the hard threshold by itself (the evidence-led choice of the one chunk kept).
 DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
     "default": {},
     "dense_only": {**_SINGLE, "hybrid": False, "sparse_weight": 0.0},
@@ -83,6 +87,13 @@ DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
         "sparse_weight": 1.0,
         **_evidence_threshold(0.0),
     },
+    "entity_first_chunk": {
+        "passage_lead": "order",
+        "distinct_document_parts": False,
+        "answering_chunks": False,
+    },
+    "no_distinct_parts": {"distinct_document_parts": False},
+    "one_chunk_per_entity": {"answering_chunks": False, "distinct_document_parts": False},
     "supporting_1.0": {"supporting_ratio": 1.0},
     "supporting_0.5": {"supporting_ratio": 0.5},
     "supporting_0.1": {"supporting_ratio": 0.1},

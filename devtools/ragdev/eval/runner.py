@@ -37,7 +37,7 @@ from ragcore.embedders.local_onnx import LocalEmbedderConfig
 from ragcore.kafka_config import KafkaSettings
 from ragcore.mapping import TableMapping
 from ragcore.plan import PlanConfig
-from ragcore.quality.dataset import EvalEntity, EvalSet
+from ragcore.quality.dataset import EvalEntity, EvalSet, passage_id
 from ragcore.quality.metrics import EvalResult, QueryRun, Status, evaluate
 from ragcore.quality.significance import compare
 from ragcore.resources import package_dir
@@ -52,6 +52,7 @@ from retrieval_api.calibration import CalibrationSettings, calibrate_version
 from retrieval_api.candidates import CandidateSearch
 from retrieval_api.pipeline_settings import RetrievalConfig
 from retrieval_api.settings import AuthSettings, GrpcSettings, RetrieveSettings
+from schemas.entities import ContentFormat
 from schemas.events import Op, RawRecord
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2 as pb
 from schemas.proto.ragstream.retrieval.v1 import retrieval_pb2_grpc as pb_grpc
@@ -391,9 +392,23 @@ def _query_all(
                     scored=tuple(scored),
                     texts=tuple(r.text for r in pack.results),
                     context_ms=pack.timings_ms.get("context"),
+                    passages=tuple(_passage(r) for r in pack.results),
                 )
             )
     return runs
+
+
+_DOCUMENT_FORMATS = frozenset(f.value for f in ContentFormat if f.is_document)
+
+
+def _passage(result: pb.Result) -> str:
+    """The result's passage id (`ragcore.quality.dataset.passage_id`): its entity and its
+    citation after the file name (a document's page, DOCX section or row block; a text entity's
+    heading path)."""
+    path = list(result.locator.section_path)
+    if result.locator.extracted_from in _DOCUMENT_FORMATS and path:
+        path = path[1:]  # a document's citation starts with its file name
+    return passage_id(_eval_id(result.entity_id), path)
 
 
 #: Metrics `comparison` tests: nDCG@5 (the golden set's headline) and nDCG@10 (the BEIR

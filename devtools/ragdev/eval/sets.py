@@ -6,6 +6,10 @@
   tickets, release notes that explain error codes);
 - `neardomain`: the same corpus with near-miss unanswerable questions and reworded answerable
   ones (`ragdev.eval.neardomain`: abstention on questions that sound like the corpus);
+- `paraphrase`: the golden corpus with held-out questions worded unlike their answers
+  (`ragdev.eval.paraphrase`: found and answered, never used to fit anything);
+- `documents`: generated PDFs, a DOCX and an XLSX with questions each answered by one page,
+  section or row block (`ragdev.eval.documents`: page-level hit@1 and MRR);
 - `faqs`: the FAQ question-answering benchmark, written in BEIR format from the FAQ files on
   this machine (`ragdev.eval.faqs`) and loaded through the BEIR loader;
 - `beir:DIR`: any BEIR-format directory;
@@ -22,12 +26,14 @@ from ragcore.quality.errors import EvalDataError
 from ragdev.eval import GOLDEN_PATH
 from ragdev.eval.beir import load_beir
 from ragdev.eval.demo import demo_evalset
+from ragdev.eval.documents import documents_evalset
 from ragdev.eval.faqs import TENANT as FAQ_TENANT
 from ragdev.eval.faqs import collect, write_beir
 from ragdev.eval.manpages import load_pinned
 from ragdev.eval.neardomain import neardomain_evalset
+from ragdev.eval.paraphrase import paraphrase_evalset
 
-NAMES = ("golden", "manpages", "faqs", "demo", "neardomain")
+NAMES = ("golden", "manpages", "faqs", "demo", "neardomain", "paraphrase", "documents")
 
 
 def load_named(dataset: str, *, beir_dir: Path | None = None) -> EvalSet:
@@ -44,6 +50,10 @@ def load_named(dataset: str, *, beir_dir: Path | None = None) -> EvalSet:
         return demo_evalset()
     if dataset == "neardomain":
         return neardomain_evalset()
+    if dataset == "paraphrase":
+        return paraphrase_evalset()
+    if dataset == "documents":
+        return documents_evalset()
     if dataset == "faqs":
         entries, _absent = collect()
         if beir_dir is not None:

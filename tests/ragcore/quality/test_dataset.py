@@ -20,6 +20,9 @@ from ragcore.quality.dataset import (
     locate_answer,
     parse_chunk_id,
     parse_evalset,
+    parse_passage_id,
+    passage_id,
+    passage_within,
     relocate_expected_chunks,
     save_evalset,
 )
@@ -91,6 +94,14 @@ def test_valid_set_round_trips_through_json(tmp_path: Path) -> None:
             "not among its relevant entities",
         ),
         ([entity("a")], [query("q", {"a": 1}, expected_top_chunk="a-0")], "not a chunk id"),
+        (
+            [entity("a"), entity("b")],
+            [query("q", {"a": 1}, expected_passage="b#p. 2")],
+            "not among its relevant entities",
+        ),
+        ([entity("a")], [query("q", {"a": 1}, expected_passage="a p. 2")], "not a passage id"),
+        ([entity("a")], [query("q", {"a": 1}, expected_passage="a#  ")], "not a passage id"),
+        ([entity("a#b")], [], "must not contain"),
         ([entity("a")], [query("q", {"a": 1}, answer_text="x")], "needs an expected_top_chunk"),
         ([entity("a")], [query("q", {"a": 1}, hard_negatives=["a"])], "both relevant and neg"),
         ([entity("a")], [query("q", {"a": 1}, hard_negatives=["zz"])], "'zz' is not in the set"),
@@ -117,6 +128,12 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
         load_evalset(tmp_path / "absent.json")
     with pytest.raises(EvalDataError, match="<string>"):
         parse_evalset("not json")
+
+
+def test_passage_ids_round_trip() -> None:
+    assert passage_id("manual", ("Safety", "Lockout")) == "manual#Safety > Lockout"
+    assert parse_passage_id("manual#Prices > rows 2-41") == ("manual", "Prices > rows 2-41")
+    assert parse_passage_id("m#p. 3#x") == ("m", "p. 3#x")  # split at the first "#"
 
 
 def test_chunk_ids_parse() -> None:
@@ -243,3 +260,22 @@ def test_golden_expected_chunks_match_the_default_chunker(golden: EvalSet) -> No
             continue
         found = locate_answer(q, chunks_of(golden.entity(q.expected_entity)))
         assert found[:1] == [q.expected_top_chunk], q.query_id
+
+
+@pytest.mark.parametrize(
+    ("passage", "expected", "within"),
+    [
+        ("m#p. 3", "m#p. 3", True),
+        ("m#p. 3", "m#p. 30", False),
+        ("x#p. 3", "m#p. 3", False),
+        ("s#Parts > rows 50-57", "s#Parts > rows 42-81", True),
+        ("s#Parts > row 42", "s#Parts > rows 42-81", True),
+        ("s#Parts > rows 80-85", "s#Parts > rows 42-81", False),
+        ("s#Other > rows 50-57", "s#Parts > rows 42-81", False),
+        ("s#rows 3-4", "s#rows 2-41", True),
+        ("s#Parts > rows 50-57", "t#Parts > rows 42-81", False),
+        ("not a passage", "s#rows 2-41", False),
+    ],
+)
+def test_passage_within(passage: str, expected: str, within: bool) -> None:
+    assert passage_within(passage, expected) is within

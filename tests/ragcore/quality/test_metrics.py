@@ -380,3 +380,75 @@ def test_abstention_separation_and_recall_ceiling_by_hand() -> None:
 def test_abstention_separation_is_undefined_without_both_kinds() -> None:
     a = evaluate(QUERIES[:3], RUNS[:3]).aggregates
     assert a["abstention_auc"] is None and a["abstention_recall_ceiling"] is None
+
+
+def test_page_metrics_count_a_passage_once_whatever_its_chunks() -> None:
+    """Page-level hit/MRR on a fixed example: the manual's p. 3 answers; p. 2 holds two chunks
+    ranked above it (one passage, counted once), so p. 3 is the second passage."""
+    queries = [
+        query("p1", QueryKind.PARAPHRASE, {"man": 3}, expected_passage="man#p. 3"),
+        query("p2", QueryKind.KEYWORD, {"sheet": 3}, expected_passage="sheet#Parts > rows 42-81"),
+        query("p3", QueryKind.KEYWORD, {"man": 3}, expected_passage="man#p. 4"),
+        query("p4", QueryKind.KEYWORD, {"man": 3}),  # no passage judged: not in page metrics
+    ]
+    runs = [
+        QueryRun(
+            "p1",
+            Status.SUCCESS,
+            entity_ids=("man", "man", "man"),
+            passages=("man#p. 2", "man#p. 2", "man#p. 3"),
+        ),
+        QueryRun(
+            "p2",
+            Status.IDENTIFIER_MATCH,
+            entity_ids=("sheet",),
+            passages=("sheet#Parts > rows 42-81",),
+        ),
+        # right entity, wrong page: entity hit@1 = 1, page hit = 0
+        QueryRun("p3", Status.SUCCESS, entity_ids=("man",), passages=("man#p. 1",)),
+        QueryRun("p4", Status.NO_EVIDENCE),
+    ]
+    result = evaluate(queries, runs, (1, 3))
+    p1 = result.row("p1")
+    assert (p1.metrics["page_hit@1"], p1.metrics["page_hit@3"]) == (0.0, 1.0)
+    assert p1.metrics["page_mrr@3"] == 0.5
+    assert p1.expected_passage_rank == 2
+    assert result.row("p2").metrics["page_mrr@1"] == 1.0
+    assert result.row("p3").metrics["hit@1"] == 1.0
+    assert result.row("p3").metrics["page_mrr@3"] == 0.0
+    assert "page_hit@1" not in result.row("p4").metrics
+    a = result.aggregates
+    assert a["n_expected_passage"] == 3
+    assert a["page_hit@1"] == pytest.approx(1 / 3)  # p2 only
+    assert a["page_hit@3"] == pytest.approx(2 / 3)  # p1 and p2
+    assert a["page_mrr@3"] == pytest.approx((0.5 + 1 + 0) / 3)
+    # SUCCESS over the answerable: p1 and p3 (p2 is IDENTIFIER_MATCH, p4 abstained)
+    assert a["success_rate"] == pytest.approx(2 / 4)
+    assert result.to_dict()["rows"][0]["expected_passage_rank"] == 2
+
+
+def test_page_metrics_are_none_without_expected_passages(result: EvalResult) -> None:
+    assert result.aggregates["page_hit@1"] is None
+    assert result.aggregates["n_expected_passage"] == 0
+    assert result.aggregates["success_rate"] == pytest.approx(2 / 3)  # q1, q2 of q1..q3
+
+
+def test_spreadsheet_rows_inside_the_expected_block_are_that_block() -> None:
+    """A spreadsheet chunk cites its own rows; two chunks of the block are one passage, a
+    chunk of another block or sheet is not it."""
+    q = query("s", QueryKind.KEYWORD, {"sh": 3}, expected_passage="sh#Parts > rows 42-81")
+    run = QueryRun(
+        "s",
+        Status.SUCCESS,
+        entity_ids=("sh",) * 4,
+        passages=(
+            "sh#Parts > rows 2-9",  # another block
+            "sh#Labour > rows 50-57",  # another sheet
+            "sh#Parts > rows 50-57",  # inside: the expected block, rank 3
+            "sh#Parts > row 81",  # inside too: the same passage again
+        ),
+    )
+    row = evaluate([q], [run], (1, 3)).row("s")
+    assert row.expected_passage_rank == 3
+    assert row.metrics["page_mrr@3"] == pytest.approx(1 / 3)
+    assert row.top_passages == ("sh#Parts > rows 2-9", "sh#Labour > rows 50-57", q.expected_passage)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ragcore.quality.errors import EvalDataError
-from ragdev.eval import GOLDEN_GATE_PATH
+from ragdev.eval import DOCUMENTS_GATE_PATH, GOLDEN_GATE_PATH, PARAPHRASE_GATE_PATH
 from ragdev.eval.gate import Gate, check_gate, load_gate, parse_gate
 
 pytestmark = pytest.mark.unit
@@ -95,3 +95,15 @@ def test_kind_floors_check_the_aggregates_of_one_query_kind() -> None:
     assert check.metric == "exact_identifier/hit@1" and not check.passed
     assert check_gate({}, gate, {"exact_identifier": {"hit@1": 1.0}}).passed
     assert not check_gate({}, gate, {}).passed  # a kind the run lacks never passes
+
+
+def test_shipped_gates_hold_the_page_level_floors_of_issue_43() -> None:
+    """Page-level metrics are gated: the documents set at the issue's hit@1 0.9, the golden
+    set's DPA pages too; the held-out paraphrase set guards found-in-top-3 and SUCCESS."""
+    documents = load_gate(DOCUMENTS_GATE_PATH)
+    assert documents.floors["page_hit@1"] >= 0.9
+    assert "page_mrr@10" in documents.floors
+    golden = load_gate(GOLDEN_GATE_PATH)
+    assert {"page_hit@1", "page_mrr@10", "chunk_hit@1", "chunk_mrr@10"} <= set(golden.floors)
+    paraphrase = load_gate(PARAPHRASE_GATE_PATH)
+    assert {"hit@3", "success_rate"} <= set(paraphrase.floors)

@@ -37,21 +37,41 @@ class _RetrievalStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Retri
     DESCRIPTOR: _descriptor.EnumDescriptor
     RETRIEVAL_STATUS_UNSPECIFIED: _RetrievalStatus.ValueType  # 0
     RETRIEVAL_STATUS_SUCCESS: _RetrievalStatus.ValueType  # 1
-    """At least one verified result."""
+    """At least one verified result at or above the hard threshold (`min_score`): the pack holds
+    a passage estimated to answer the question. `confidence` is HIGH, MEDIUM or LOW.
+    """
     RETRIEVAL_STATUS_NO_EVIDENCE: _RetrievalStatus.ValueType  # 2
     """The search ran but nothing usable survived (filters, threshold, SoR check, empty index)."""
     RETRIEVAL_STATUS_FAILED: _RetrievalStatus.ValueType  # 3
     """The retrieval could not run; see `error`."""
+    RETRIEVAL_STATUS_IDENTIFIER_MATCH: _RetrievalStatus.ValueType  # 4
+    """Verified results, none at or above the hard threshold: each holds an identifier the
+    question names (an error code, a ticket or part number; `Result.matched_identifiers`), kept
+    by the rule that such chunks are never dropped. The corpus names what was asked about; no
+    result is estimated to answer the question. `confidence` is NONE. A caller that answers
+    only from evidence treats it like NO_EVIDENCE; one that shows "what we have on E-2113"
+    may cite the results as mentions.
+    """
 
 class RetrievalStatus(_RetrievalStatus, metaclass=_RetrievalStatusEnumTypeWrapper): ...
 
 RETRIEVAL_STATUS_UNSPECIFIED: RetrievalStatus.ValueType  # 0
 RETRIEVAL_STATUS_SUCCESS: RetrievalStatus.ValueType  # 1
-"""At least one verified result."""
+"""At least one verified result at or above the hard threshold (`min_score`): the pack holds
+a passage estimated to answer the question. `confidence` is HIGH, MEDIUM or LOW.
+"""
 RETRIEVAL_STATUS_NO_EVIDENCE: RetrievalStatus.ValueType  # 2
 """The search ran but nothing usable survived (filters, threshold, SoR check, empty index)."""
 RETRIEVAL_STATUS_FAILED: RetrievalStatus.ValueType  # 3
 """The retrieval could not run; see `error`."""
+RETRIEVAL_STATUS_IDENTIFIER_MATCH: RetrievalStatus.ValueType  # 4
+"""Verified results, none at or above the hard threshold: each holds an identifier the
+question names (an error code, a ticket or part number; `Result.matched_identifiers`), kept
+by the rule that such chunks are never dropped. The corpus names what was asked about; no
+result is estimated to answer the question. `confidence` is NONE. A caller that answers
+only from evidence treats it like NO_EVIDENCE; one that shows "what we have on E-2113"
+may cite the results as mentions.
+"""
 Global___RetrievalStatus: _TypeAlias = RetrievalStatus  # noqa: Y015
 
 class _Confidence:
@@ -65,17 +85,17 @@ class _ConfidenceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Confidence
     CONFIDENCE_MEDIUM: _Confidence.ValueType  # 2
     CONFIDENCE_LOW: _Confidence.ValueType  # 3
     CONFIDENCE_NONE: _Confidence.ValueType  # 4
-    """No evidence (NO_EVIDENCE or FAILED)."""
+    """No result at or above the hard threshold (NO_EVIDENCE, IDENTIFIER_MATCH or FAILED)."""
 
 class Confidence(_Confidence, metaclass=_ConfidenceEnumTypeWrapper):
-    """Soft-threshold class of the best returned result."""
+    """Soft-threshold class of the best score among the returned results."""
 
 CONFIDENCE_UNSPECIFIED: Confidence.ValueType  # 0
 CONFIDENCE_HIGH: Confidence.ValueType  # 1
 CONFIDENCE_MEDIUM: Confidence.ValueType  # 2
 CONFIDENCE_LOW: Confidence.ValueType  # 3
 CONFIDENCE_NONE: Confidence.ValueType  # 4
-"""No evidence (NO_EVIDENCE or FAILED)."""
+"""No result at or above the hard threshold (NO_EVIDENCE, IDENTIFIER_MATCH or FAILED)."""
 Global___Confidence: _TypeAlias = Confidence  # noqa: Y015
 
 class _ScoreKind:
@@ -127,10 +147,13 @@ class _ExclusionReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Exclu
     """The chunk does not satisfy the request's filters (post-search re-check)."""
     EXCLUSION_REASON_BELOW_THRESHOLD: _ExclusionReason.ValueType  # 5
     """The calibrated score is below the hard threshold (never for a chunk holding an identifier
-    of the query).
+    of the query: those stay, and a pack of them alone is IDENTIFIER_MATCH).
     """
     EXCLUSION_REASON_DUPLICATE: _ExclusionReason.ValueType  # 6
-    """Another chunk of the same entity (or the same chunk) ranked higher."""
+    """The same chunk again, or another chunk of the same entity (of the same page, section or
+    row block of a document) that neither has the entity's best evidence nor reaches the hard
+    threshold by itself.
+    """
     EXCLUSION_REASON_UNVERIFIABLE: _ExclusionReason.ValueType  # 7
     """The entity's SoR table is not mapped, or cannot be read: it can be neither confirmed nor
     denied, so it is no evidence (and no reindex request is made).
@@ -155,10 +178,13 @@ EXCLUSION_REASON_FILTERED: ExclusionReason.ValueType  # 4
 """The chunk does not satisfy the request's filters (post-search re-check)."""
 EXCLUSION_REASON_BELOW_THRESHOLD: ExclusionReason.ValueType  # 5
 """The calibrated score is below the hard threshold (never for a chunk holding an identifier
-of the query).
+of the query: those stay, and a pack of them alone is IDENTIFIER_MATCH).
 """
 EXCLUSION_REASON_DUPLICATE: ExclusionReason.ValueType  # 6
-"""Another chunk of the same entity (or the same chunk) ranked higher."""
+"""The same chunk again, or another chunk of the same entity (of the same page, section or
+row block of a document) that neither has the entity's best evidence nor reaches the hard
+threshold by itself.
+"""
 EXCLUSION_REASON_UNVERIFIABLE: ExclusionReason.ValueType  # 7
 """The entity's SoR table is not mapped, or cannot be read: it can be neither confirmed nor
 denied, so it is no evidence (and no reindex request is made).
