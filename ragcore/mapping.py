@@ -431,7 +431,7 @@ class RowView:
         if isinstance(value, int | str | Decimal):
             text = str(value).strip()
             if text:
-                return text
+                return _unicode_text(text, self._where, column)
         raise MappingError(
             f"{self._where}: column {column!r} must be a non-empty string or int", column=column
         )
@@ -442,7 +442,7 @@ class RowView:
             return None
         value = self._row[column]
         if isinstance(value, str):
-            return value
+            return _unicode_text(value, self._where, column)
         if isinstance(value, int | float | Decimal) and not isinstance(value, bool):
             return str(value)
         raise MappingError(
@@ -478,7 +478,7 @@ def to_datetime(value: object, where: str) -> datetime:
     MicroTimestamp, Debezium's default `time.precision.mode=adaptive`).
     """
     if isinstance(value, datetime):
-        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return _in_utc(value, value, where)
     if isinstance(value, date):
         return datetime(value.year, value.month, value.day, tzinfo=UTC)
     if isinstance(value, int) and not isinstance(value, bool):
@@ -493,8 +493,20 @@ def to_datetime(value: object, where: str) -> datetime:
             parsed = datetime.fromisoformat(text)
         except ValueError as exc:
             raise MappingError(f"{where}: {value!r} is not an ISO-8601 timestamp") from exc
-        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+        return _in_utc(parsed, value, where)
     raise MappingError(f"{where}: {_kind(value)} is not a timestamp")
+
+
+def _in_utc(moment: datetime, value: object, where: str) -> datetime:
+    """`moment` in UTC (naive: taken as UTC). A moment at the edge of the calendar with an
+    offset has no UTC datetime (`9999-12-31T23:59:59-05:00`): the row's fault, not a crash
+    where a payload writes it."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError as exc:
+        raise MappingError(f"{where}: {value!r} is out of range in UTC") from exc
 
 
 def epoch_us(moment: datetime) -> int:
@@ -532,6 +544,9 @@ def _loads(text: str, where: str, what: str, column: str | None) -> object:
         parsed: object = json.loads(text)
     except json.JSONDecodeError as exc:
         raise MappingError(f"{where}: {what} is not valid JSON ({exc.msg})", column=column) from exc
+    except ValueError as exc:
+        # an integer of more than `sys.get_int_max_str_digits()` digits (4300 by default)
+        raise MappingError(f"{where}: {what} is not usable JSON ({exc})", column=column) from exc
     except RecursionError:
         raise MappingError(
             f"{where}: {what} nests deeper than {MAX_JSON_DEPTH} levels", column=column
@@ -541,10 +556,42 @@ def _loads(text: str, where: str, what: str, column: str | None) -> object:
 
 
 def _check_depth(value: object, where: str, what: str, column: str | None) -> None:
+    """Refuse a JSON value nested past `MAX_JSON_DEPTH`, or holding a lone surrogate in a key
+    or string (`_unicode_text`)."""
     if json_depth(value) > MAX_JSON_DEPTH:
         raise MappingError(
             f"{where}: {what} nests deeper than {MAX_JSON_DEPTH} levels", column=column
         )
+    stack: list[object] = [value]
+    while stack:  # bounded by the depth checked above
+        item = stack.pop()
+        if isinstance(item, str):
+            _unicode_text(item, where, column, what)
+        elif isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+
+
+#: A UTF-16 surrogate code point: never a character on its own.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _unicode_text(text: str, where: str, column: str | None, what: str | None = None) -> str:
+    """`text`, or the row's MappingError when it holds a lone surrogate: a JSON escape such as
+    `\\ud800` decodes to one, and no UTF-8 consumer (the index payloads, the DLQ headers'
+    readers, a SoR query) can take it."""
+    if not text.isascii():
+        found = _SURROGATE.search(text)
+        if found is not None:
+            named = what or f"column {column!r}"
+            raise MappingError(
+                f"{where}: {named} holds a lone surrogate (U+{ord(found.group()):04X}), "
+                "which is not Unicode text",
+                column=column,
+            )
+    return text
 
 
 def parse_metadata(value: object, where: str, column: str | None = None) -> dict[str, Any]:
@@ -621,7 +668,7 @@ def metadata_of(row: RowView, mapping: TableMapping) -> dict[str, Any]:
         value = row.value(column)
         if column in mapping.json_columns and value is not None:
             value = parse_json(value, f"{row.where}: column {column!r}", column)
-        elif json_depth(value) > MAX_JSON_DEPTH:
+        else:
             _check_depth(value, row.where, f"column {column!r}", column)
         metadata[column] = _plain(value)
     return metadata

@@ -403,6 +403,10 @@ def build_worker(
     def decode(raw: RawRecord) -> ChangeEvent:
         return decode_record(raw, options)
 
+    def table_of_topic(topic: str) -> str | None:
+        mapping = catalog.for_topic(topic)
+        return None if mapping is None else mapping.label
+
     def plan(event: ChangeEvent) -> Plan:
         try:
             return plan_event(event, settings.plan, preparer.content_hash, defer_documents=True)
@@ -431,6 +435,7 @@ def build_worker(
         reindex_topic=settings.consumer.reindex_topic,
         other_models=other_models,
         locate=lambda event: record_identity(event, settings.plan),
+        topic_table=table_of_topic,
         documents=[m.label for m in catalog if m.document is not None],
         tenant_class=lambda tenant: (
             schedule.tenants[tenant].tenant_class if tenant in schedule.tenants else "default"
@@ -451,7 +456,7 @@ def build_worker(
         heartbeats=settings.liveness.heartbeats,
     )
     lost = LostTables(
-        lambda topic: None if (m := catalog.for_topic(topic)) is None else m.label,
+        table_of_topic,
         settings.decode.heartbeat_topic_prefix,
         [m.label for m in catalog],
     )

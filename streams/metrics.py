@@ -43,6 +43,8 @@ DLQ_CODES = (
     "MAPPING_ERROR",
     "SCHEMA_DRIFT",
     "SOR_ROW_UNREADABLE",  # a re-read SoR row whose content cannot be mapped
+    "SOR_TABLE_UNREADABLE",  # a re-read whose table the SoR cannot read (permissions, schema)
+    "CONTENT_UNAVAILABLE",  # a TOAST placeholder or reindex request with no SoR to re-read
     "INVALID_TENANT",
     "RECORD_TOO_LARGE",
     "CHUNKING_ERROR",

@@ -65,8 +65,9 @@ class Stages:
     def reject(
         self, item: Work, code: str, reason: str, stage: str = "plan", column: str | None = None
     ) -> Faults:
-        """DLQ the item's records (naming its table, entity and tenant, and `column` when one
-        is at fault), or report it when it has none (a re-read, a snapshot)."""
+        """DLQ the item's records (naming its table and entity, each record's own tenant, and
+        `column` when one is at fault), or report it when it has none (a re-read, a
+        snapshot)."""
         plan = item.plan
         letters = tuple(
             DeadLetter(
@@ -77,9 +78,9 @@ class Stages:
                 table=plan.table,
                 column=column,
                 entity_id=plan.entity_id,
-                tenant_id=plan.tenant_id,
+                tenant_id=tenant,
             )
-            for rec in item.records
+            for rec, tenant in zip(item.records, item.record_tenants(), strict=True)
         )
         rejections: tuple[Rejection, ...] = ()
         if not item.records:

@@ -24,7 +24,7 @@ from schemas.events import RawRecord, RecordPosition
 from streams.consumer import RETRYABLE, DeadLetter, Routed
 from streams.ingest.context import Stages
 from streams.ingest.decide import Decision, decide
-from streams.ingest.plan import Deferred, Locator, fault_reason, route_record
+from streams.ingest.plan import Deferred, Locator, TopicTable, fault_reason, route_record
 from streams.ingest.ports import (
     Decoder,
     EntityPreparer,
@@ -134,14 +134,17 @@ class IngestHandler:
         locate: Locator | None = None,
         tenant_class: Callable[[str], str] = lambda _tenant: "default",
         documents: Collection[str] = (),
+        topic_table: TopicTable | None = None,
     ) -> None:
         """`embedder`/`preparer` are the primary model; `other_models` are further models
         (embedder and its preparer) that targets may name, e.g. the next model during a
         blue-green model change; `locate` names the table, entity and tenant of a record that
-        cannot be planned (its dead letter's headers)."""
+        cannot be planned, `topic_table` the table of one that cannot be decoded (its dead
+        letter's headers)."""
         self._decode = decode
         self._plan = plan
         self._locate = locate
+        self._topic_table = topic_table
         self._tenant_class = tenant_class
         #: the labels of the document tables (their entities are heavy to apply)
         self._documents = frozenset(documents)
@@ -189,6 +192,7 @@ class IngestHandler:
             stages=self._stages,
             clock=self._clock,
             documents=self._documents,
+            topic_table=self._topic_table,
         )
         if routed is None:
             return None
@@ -358,6 +362,7 @@ class IngestHandler:
             locate=self._locate,
             tenant_class=self._tenant_class,
             documents=self._documents,
+            topic_table=self._topic_table,
         )
 
     # --- the stages -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -37,6 +38,13 @@ UNEXPECTED = "RECORD_UNPROCESSABLE"
 #: What a dead letter can say of a record's table, entity and tenant
 #: (`ragcore.plan.record_identity`).
 Locator = Callable[[ChangeEvent], RecordIdentity]
+
+#: What a dead letter can say of the table of a record that cannot be decoded: the mapped
+#: table whose changes arrive on its topic (None: no table's).
+TopicTable = Callable[[str], str | None]
+
+#: A UTF-16 surrogate code point: never a character on its own.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 #: Record kinds that never change the index: finished as soon as they are read.
 _NO_WORK = frozenset({RecordKind.TOMBSTONE, RecordKind.HEARTBEAT, RecordKind.TRANSACTION})
@@ -117,11 +125,13 @@ def route_record(
     stages: Stages,
     clock: Callable[[], float] = time.time,
     documents: frozenset[str] = frozenset(),
+    topic_table: TopicTable | None = None,
 ) -> tuple[Route, Deferred] | None:
     """Where a record goes in the scheduler and its planning, deferred to the apply thread;
     None for a record that needs no work. Never raises for the record's content. `documents`:
     the labels of the tables whose entities are documents (applying a write or a re-read of
-    one reads its file: few go in one batch)."""
+    one reads its file: few go in one batch); `topic_table` names the table of a record that
+    cannot be decoded (by its topic)."""
     read_at = clock()
     if reindex_topic is not None and rec.topic == reindex_topic:
         request = _reindex_plan(rec, stages)
@@ -141,7 +151,8 @@ def route_record(
     except (*RETRYABLE, ConfigError):
         raise
     except Exception as exc:  # noqa: BLE001 - the record's bytes are its own fault
-        letter = fault_letter(rec, exc, "decode")
+        table = topic_table(rec.topic) if topic_table is not None else None
+        letter = fault_letter(rec, exc, "decode", RecordIdentity(table=table))
         stages.count(rec.topic, "?", "dlq")
         faulted = Pending(letters=(letter,), started=read_at)
         return Route(""), Deferred((lambda: faulted,))
@@ -263,6 +274,9 @@ def _reindex_plan(rec: RawRecord, stages: Stages) -> Plan | DeadLetter:
         tenant, entity_id = doc["tenant"], doc["entity_id"]
         if not isinstance(tenant, str) or not isinstance(entity_id, str) or not entity_id:
             raise TypeError("tenant and entity_id must be strings")
+        if not entity_id.isascii() and _SURROGATE.search(entity_id):
+            # a JSON `\ud800` escape: no store filter or SoR query can take it
+            raise ValueError("entity_id holds a lone surrogate, which is not Unicode text")
         valid = TenantId(tenant)
     except RecursionError:
         return _bad_request(rec, stages, "nested too deeply")
@@ -295,10 +309,14 @@ def reduce_work(by_entity: dict[tuple[str, bool], Work], work: Work) -> None:
     assert plan.entity_id is not None  # every non-skip plan names its entity
     refetch = plan.action is Action.REFETCH
     superseded: list[RawRecord] = []
+    tenants: list[TenantId | None] = []
     for key in (
         [(plan.entity_id, True)] if refetch else [(plan.entity_id, False), (plan.entity_id, True)]
     ):
         previous = by_entity.pop(key, None)
         if previous is not None:
             superseded.extend(previous.records)
-    by_entity[(plan.entity_id, refetch)] = Work(plan, (*superseded, *work.records))
+            tenants.extend(previous.record_tenants())
+    by_entity[(plan.entity_id, refetch)] = Work(
+        plan, (*superseded, *work.records), (*tenants, *work.record_tenants())
+    )

@@ -35,6 +35,16 @@ class Work:
 
     plan: Plan
     records: tuple[RawRecord, ...] = ()
+    #: the tenant each of `records` named, aligned with them (empty: the plan's, for all):
+    #: records of one key merged into one item may name different tenants, and a record's
+    #: dead letter names its own
+    tenants: tuple[TenantId | None, ...] = ()
+
+    def record_tenants(self) -> tuple[TenantId | None, ...]:
+        """The tenant each of `records` named."""
+        if len(self.tenants) == len(self.records):
+            return self.tenants
+        return (self.plan.tenant_id,) * len(self.records)
 
 
 #: The indexed state of an entity in one collection (`streams.ingest.indexed.fingerprint`;

@@ -7,12 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from ragcore.errors import ConfigError
 from ragcore.prepare import Preparer
 from ragdev.sor.debezium_format import change_event, encode_key, encode_value
 from schemas.entities import Chunk, Entity
-from schemas.events import Op
+from schemas.events import Op, RawRecord
+from streams.app import build_worker
 from streams.ingest import IngestHandler
 from tests.streams.support import (
     Record,
@@ -129,11 +131,20 @@ def test_a_reindex_request_that_is_not_an_object_is_a_bad_request_not_a_crash(
     create_topics(env.broker.bootstrap_servers, requests, partitions=1)
     env.consumer_overrides = {"reindex_topic": requests}
     env.start_worker()
-    values = [b"[1, 2]", b"null", b'"text"', b"[" * 5000 + b"]" * 5000, b'{"tenant": "A B"}']
+    values = [
+        b"[1, 2]",
+        b"null",
+        b'"text"',
+        b"[" * 5000 + b"]" * 5000,
+        b'{"tenant": "A B"}',
+        # a JSON escape of a lone surrogate: no store filter can take it (RECORD_UNPROCESSABLE)
+        b'{"tenant": "acme", "entity_id": "entities:\\ud800"}',
+    ]
     last = produce(env.broker.bootstrap_servers, requests, [Record(b"k", v) for v in values])
     wait_committed(env.broker.bootstrap_servers, env.group, requests, last, 60)
-    codes = [h["ragstream.error.code"] for h in letters_by_entity(env).values()]
-    assert codes == ["BAD_REINDEX_REQUEST"] * len(values)
+    letters = list(letters_by_entity(env).values())
+    assert [h["ragstream.error.code"] for h in letters] == ["BAD_REINDEX_REQUEST"] * len(values)
+    assert "lone surrogate" in letters[-1]["ragstream.error.message"]
 
 
 def test_a_record_with_a_huge_key_is_dead_lettered_within_the_dlq_message_size(env: Env) -> None:
@@ -147,7 +158,54 @@ def test_a_record_with_a_huge_key_is_dead_lettered_within_the_dlq_message_size(e
     headers = {k: (v or b"").decode() for k, v in big.headers()}
     assert headers["ragstream.error.code"] == "DECODE_ERROR"
     assert headers["ragstream.error.message"].startswith("(key cut)")
+    # a record that cannot be decoded still names its table: the one its topic carries
+    assert headers["ragstream.error.table"] == "entities"
     assert env.workers[0][1].is_alive()
+
+
+def test_a_merged_unit_that_fails_names_each_records_own_tenant(
+    env: Env, preparer: Preparer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two records of one key, the row re-created under another tenant (no `before`: no tenant
+    # move, no barrier), become one unit; its apply fails. Each dead letter names the tenant
+    # its own record holds, not the last record's.
+    real_chunks = Preparer.chunks
+
+    def chunks(self: Preparer, entity: Entity) -> list[Chunk]:
+        if "BOOM" in entity.content:
+            raise ZeroDivisionError("a bug in a stage")
+        return real_chunks(self, entity)
+
+    monkeypatch.setattr(Preparer, "chunks", chunks)
+    row = {
+        "entity_type": "NOTE",
+        "name": "k",
+        "metadata": None,
+        "content_hash": None,
+        "created_at": None,
+        "updated_at": None,
+        "deleted_at": None,
+    }
+    first = {**row, "id": "k", "company_id": "acme", "content": "Written under acme."}
+    second = {**row, "id": "k", "company_id": "globex", "content": "BOOM under globex."}
+    records = [
+        raw_change(Op.CREATE, "k", None, first, 6_000),
+        raw_change(Op.CREATE, "k", None, second, 6_008),
+    ]
+    # the handler merges records of one key as the scheduler does (`Pending.merge`), here
+    # deterministically: the two always form one unit
+    worker = build_worker(
+        env.settings(), CollectorRegistry(), store=env.store, embedder=env.embedder
+    )
+    try:
+        raws = [RawRecord(env.topic, 0, n, r.key, r.value, (), 0) for n, r in enumerate(records)]
+        letters = worker.handler.handle(raws)
+    finally:
+        worker.close()
+    assert [(d.record.offset, d.code, d.tenant_id) for d in letters] == [
+        (0, "RECORD_UNPROCESSABLE", "acme"),
+        (1, "RECORD_UNPROCESSABLE", "globex"),
+    ]
 
 
 def test_a_worker_whose_loop_dies_says_so_and_its_run_raises(

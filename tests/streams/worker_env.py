@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from ragcore.errors import RagstreamError, StoreUnavailableError
 from ragcore.kafka_config import KafkaSettings
+from ragcore.plan import PlanConfig
 from ragcore.settings import StoreSettings
 from ragcore.store.base import PointRecord, VectorStore
 from ragcore.store.edge import EdgeStore
@@ -66,12 +67,15 @@ class Env:
     consumer_overrides: dict[str, Any] = field(default_factory=dict)
     #: what a worker's `loop.run` raised (its processing loop died)
     loop_errors: list[Exception] = field(default_factory=list)
+    #: the mapped tables (default: `entities` on `topic`) and their topics besides `topic`
+    plan: PlanConfig | None = None
+    extra_topics: tuple[str, ...] = ()
 
     def settings(self, **consumer: Any) -> IngestSettings:
         return IngestSettings(
             kafka=KafkaSettings(bootstrap_servers=self.broker.bootstrap_servers),
             consumer=ConsumerConfig(
-                topics=(self.topic,),
+                topics=(self.topic, *self.extra_topics),
                 dlq_topic=self.dlq,
                 group_id=self.group,
                 session_timeout_ms=self.session_timeout_ms,
@@ -84,7 +88,7 @@ class Env:
             ),
             store=StoreSettings(data_dir=self.data_dir),
             embedding_cache=None,
-            plan=entities_plan("public.entities", self.topic),
+            plan=self.plan or entities_plan("public.entities", self.topic),
         )
 
     def start_worker(self, store: VectorStore | None = None) -> IngestWorker:

@@ -7,7 +7,9 @@ import pytest
 
 from ragcore.documents import ExtractionLimits, Extractor, sniff
 from ragcore.documents.extract import ROWS_PER_SEGMENT
+from ragcore.documents.text import document_text
 from ragcore.errors import DocumentError, MappingError
+from ragcore.normalize import NormalizeOptions
 from ragdev.docgen import csv_bytes, docx_bytes, encrypted_pdf_bytes, pdf_bytes, xlsx_bytes
 from schemas.entities import ContentFormat
 
@@ -43,6 +45,17 @@ def test_a_password_protected_pdf_is_pdf_encrypted(extractor: Extractor) -> None
 def test_a_pdf_without_text_is_no_text_layer(extractor: Extractor) -> None:
     with pytest.raises(DocumentError) as info:
         extractor.extract("pdf", pdf_bytes([[], []]))
+    assert info.value.code == "NO_TEXT_LAYER"
+
+
+@pytest.mark.parametrize("data", [b"\x01\n", b"\x7f\x1b\n"])
+def test_a_document_whose_text_is_only_control_characters_is_no_text_layer(
+    extractor: Extractor, data: bytes
+) -> None:
+    # extraction keeps the segment (`\x01` is no whitespace), the normalizer removes every
+    # character of it: no text, like a scan (it used to yield no chunks and no dead letter)
+    with pytest.raises(DocumentError) as info:
+        document_text(extractor, data, ContentFormat.CSV, NormalizeOptions())
     assert info.value.code == "NO_TEXT_LAYER"
 
 
