@@ -49,6 +49,12 @@ DLQ_CODES = (
     "RECORD_TOO_LARGE",
     "CHUNKING_ERROR",
     "BAD_REINDEX_REQUEST",
+    # a typed error a write stage raised for one entity's data (not an outage): its own code
+    "EMBEDDING_FAILED",
+    "EMBEDDING_DIMENSION_MISMATCH",
+    "STORE_ERROR",
+    "INDEX_NOT_FOUND",
+    "MANIFEST_MISMATCH",
     "RECORD_UNPROCESSABLE",
     *REASONS,  # documents that yield no text (ragcore.documents)
 )

@@ -98,3 +98,41 @@ def test_calibrate_stale_refits_only_the_tenants_whose_index_moved_since(
     assert [(t["tenant"], t["calibrated"]) for t in doc["tenants"]] == [("acme", True)]
     assert doc["failed"] == 0
     assert due("--stale", "--stale-ratio", "0.01") == {}
+
+
+def test_a_row_that_once_killed_the_worker_is_a_dead_letter_and_the_stack_goes_on(
+    running_dev: RunningDev,
+) -> None:
+    """Issue 41's first report, as a new user met it: `sor put` of metadata nested 3,000 deep
+    raised RecursionError in the planner and ended ingest for every tenant, while health said
+    SERVING. Now it is a MAPPING_ERROR letter naming its table, column and entity, and a later
+    change of another tenant is searchable. (Last in the file: it adds rows to acme.)"""
+    deep = "[" * 3000 + "]" * 3000
+    running_dev.dev.cli(
+        "sor", "put", "--tenant", "acme", "--id", "deep-metadata", "--text", "hi",
+        "--set", f'metadata={{"a": {deep}}}',
+    )  # fmt: skip
+    running_dev.dev.cli(
+        "sor", "put", "--tenant", "globex", "--id", "after-deep-metadata",
+        "--text", "The lighthouse keeper logs the fog horn test every Tuesday at noon.",
+    )  # fmt: skip
+    question = "when does the lighthouse keeper test the fog horn?"
+    wait_for(
+        lambda: (
+            "entities:after-deep-metadata" in entity_ids(running_dev.dev.query("globex", question))
+        ),
+        timeout=60,
+    )
+    listed = running_dev.run("dlq", "list", "--idle-s", "2")
+    assert listed.returncode == 0, listed.stderr
+    letters = [
+        doc["headers"]
+        for doc in json.loads(listed.stdout)
+        if doc["headers"].get("ragstream.error.entity") == "entities:deep-metadata"
+    ]
+    assert len(letters) == 1, listed.stdout[-2000:]
+    assert letters[0]["ragstream.error.code"] == "MAPPING_ERROR"
+    assert letters[0]["ragstream.error.table"] == "entities"
+    assert letters[0]["ragstream.error.column"] == "metadata"
+    assert letters[0]["ragstream.error.tenant"] == "acme"
+    assert running_dev.dev.proc.poll() is None  # the stack runs on
