@@ -248,12 +248,15 @@ class _Counts:
             return ""
         if not self.by_word:
             return _suffix(self.counter, text, tokens)
-        used, start = 0, len(text)
-        for m in reversed(list(_WORD_RE.finditer(text))):
-            used += self._word(m.group())
+        # words from the end, on the reversed text: stops after `tokens` tokens instead of
+        # listing every word of a long text first (its allocations cost a loaded process's
+        # garbage collector more than linear time)
+        used, start, size = 0, len(text), len(text)
+        for m in _WORD_RE.finditer(text[::-1]):
+            used += self._word(m.group()[::-1])
             if used > tokens:
                 return text[start:]
-            start = m.start()
+            start = size - m.end()
         return text
 
 
