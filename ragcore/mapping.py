@@ -100,6 +100,10 @@ class TableMapping(BaseModel):
     #: Column or metadata key holding the event date used by date-range filters.
     event_date_field: str | None = None
     max_content_chars: int = Field(default=2_000_000, gt=0)
+    #: A title longer than this is the row's MAPPING_ERROR: every chunk's payload carries the
+    #: title, so an unbounded one multiplies by the entity's chunks (a title is a line, not a
+    #: body: put long text in a content column).
+    max_title_chars: int = Field(default=4_096, gt=0)
     #: A document column (PDF, DOCX, XLSX, CSV as bytes or as a reference to a file): when
     #: set, the entity's content is the document and `content_columns` are not read.
     document: DocumentSource | None = None

@@ -467,11 +467,18 @@ def build_entity(
     declared_hash = row.optional_text(mapping.content_hash_column)
     content_hash = declared_hash.strip().lower() if declared_hash else hasher(content, fmt)
     entity_type = row.optional_text(mapping.type_column) or mapping.entity_type_default
+    title = row.optional_text(mapping.title_column) or ""
+    if len(title) > mapping.max_title_chars:
+        raise MappingError(
+            f"{where}: title is {len(title)} characters, over the limit of "
+            f"{mapping.max_title_chars}",
+            column=mapping.title_column,
+        )
     return Entity(
         tenant_id=tenant_id,
         entity_id=entity_id,
         entity_type=entity_type,
-        title=row.optional_text(mapping.title_column) or "",
+        title=title,
         content=content,
         content_format=fmt,
         metadata=metadata,

@@ -110,3 +110,14 @@ def test_a_moment_with_an_offset_is_read_in_utc() -> None:
     moment = to_datetime("2026-03-01T10:00:00+02:00", "w")
     assert moment == datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
     assert moment.tzinfo is UTC
+
+
+def test_a_title_over_its_limit_is_the_rows_mapping_error() -> None:
+    """Every chunk's payload carries the title: a 2.1M-character one was indexed (the fuzz of
+    issue 41 found it); one character over the limit is the row's fault, at the limit is not."""
+    limit = MAPPING.max_title_chars
+    assert entity_of(row(name="t" * limit)).title == "t" * limit
+    with pytest.raises(MappingError, match="title is 4097 characters") as info:
+        entity_of(row(name="t" * (limit + 1)))
+    assert info.value.column == "name"
+    assert info.value.code == "MAPPING_ERROR"
