@@ -375,6 +375,14 @@ def test_snapshot_rows_are_answered_with_provenance(walkthrough: Walkthrough) ->
     assert top.title == "Printer on fire"
     assert top.source_hash  # verified equal to the SoR's row
     assert top.source_reference.endswith("issues:acme,1")
+    # each table's snapshot has its own topic: none waits for another's (tenant-fair ingest)
+    eventually(
+        lambda: (
+            (r := walkthrough.top("acme", "saffron arborio rice parmesan")) is not None
+            and r.entity_id == "recipes:10"
+        ),
+        "the snapshotted recipe",
+    )
     recipe = walkthrough.top("acme", "saffron arborio rice parmesan")
     assert recipe is not None and recipe.entity_id == "recipes:10"
     assert "ingredients: arborio rice, saffron, parmesan" in recipe.text  # JSON as lines
@@ -389,6 +397,13 @@ def test_snapshot_rows_are_answered_with_provenance(walkthrough: Walkthrough) ->
     assert page is not None
     assert list(page.locator.section_path) == ["em7-manual.pdf", "p. 2"]
     # tenants stay apart: globex sees its own issue, never acme's
+    eventually(
+        lambda: (
+            (r := walkthrough.top("globex", "badge reader lobby cards")) is not None
+            and r.entity_id == "issues:globex,1"
+        ),
+        "globex's issue",
+    )
     badge = walkthrough.top("globex", "badge reader lobby cards")
     assert badge is not None and badge.entity_id == "issues:globex,1"
     other = walkthrough.ask("globex", "printer caught fire firmware")
