@@ -20,11 +20,18 @@ threshold, about 10 MB of vectors).
 
 Writes are applied synchronously (WAL + segment) before `update` returns, so `wait` needs no
 handling here: every write behaves as `wait=True`.
+
+Creation is atomic: a shard is built under `<data_dir>/.creating/<name>/`, closed and renamed
+into `collections/`. The engine refuses to create a shard over a directory that holds segment
+data, so a process killed half-way through creating one in place would leave a collection that
+no later start could create or open (every write of that tenant failing for good).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -54,8 +61,11 @@ from ragcore.store.base import (
 from ragcore.store.engine import QdrantEngine, engine_vectors
 from ragcore.store.engine import engine_payload as _payload
 from ragcore.store.ids import validate_collection_name
+from ragcore.store.registry import fsync_dir
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 _CONFIG_FILE = "edge_config.json"
 
@@ -233,10 +243,33 @@ class EdgeStore(QdrantEngine):
                 self._check_config(name, path, dimension, sparse)
                 handle = self._open(name)
             else:
-                config = self._config(dimension, sparse)
-                shard = _vendor(f"create {name}", lambda: qe.EdgeShard.create(str(path), config))
-                handle = runtime.shards[name] = _Shard(shard, path)
+                self._create_shard(name, path, self._config(dimension, sparse))
+                handle = self._open(name)
             self._ensure_indexes(name, handle)
+
+    def _create_shard(self, name: str, path: Path, config: qe.EdgeConfig) -> None:
+        """Build the shard aside, close it and rename it to `path` (see the module docs); a
+        directory at `path` without a shard config is what an in-place creation killed
+        half-way left (nothing is ever written to a shard before its creation returns):
+        removed. The caller holds the runtime lock."""
+        staging = self._root / ".creating" / path.name
+        try:
+            if staging.exists():
+                shutil.rmtree(staging)  # a creation killed before its rename
+            staging.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists():
+                log.warning("collection %r: removing a half-created shard directory", name)
+                shutil.rmtree(path)
+        except OSError as exc:
+            raise StoreError(f"collection {name!r}: cannot prepare its creation: {exc}") from exc
+        shard = _vendor(f"create {name}", lambda: qe.EdgeShard.create(str(staging), config))
+        _vendor(f"close {name}", shard.close)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging, path)
+            fsync_dir(path.parent)
+        except OSError as exc:
+            raise StoreError(f"collection {name!r}: cannot move its new shard: {exc}") from exc
 
     @staticmethod
     def _read_config(name: str, path: Path) -> dict[str, Any]:

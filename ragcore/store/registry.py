@@ -345,7 +345,8 @@ class IndexRegistry(ABC):
 # --- embedded: JSON files ----------------------------------------------------------------------
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory `path` (a create, a rename) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -366,7 +367,7 @@ def atomic_write(path: Path, data: str) -> None:
         with contextlib.suppress(FileNotFoundError):  # the temp file may already be renamed
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 class FileIndexRegistry(IndexRegistry):
@@ -464,7 +465,7 @@ class FileIndexRegistry(IndexRegistry):
                 fh.write(manifest.model_dump_json(indent=2))
                 fh.flush()
                 os.fsync(fh.fileno())
-            _fsync_dir(directory)
+            fsync_dir(directory)
             self._store.ensure_collection(
                 manifest.index_name, manifest.dimension, sparse=True, placement=manifest.placement
             )

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import pickle
+import random
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import qdrant_edge as qe
 
 from ragcore.store.base import VectorStore
 from ragcore.store.edge import EdgeStore
@@ -127,6 +131,63 @@ class TestEdgeStore(VectorStoreContract):
                 if hit.point_id in again:
                     assert hit.payload is again[hit.point_id].payload
             assert back.sparse == result.sparse and back.dense == result.dense
+        finally:
+            store.close()
+
+    def test_a_shard_half_created_in_place_is_removed_and_created(self, tmp_path: Path) -> None:
+        # what an in-place creation killed before the engine wrote its config leaves (and what
+        # a worker killed during a tenant's first write left before creation was staged)
+        path = tmp_path / "collections" / COLLECTION
+        config = qe.EdgeConfig(
+            vectors={"dense": qe.EdgeVectorParams(size=DIM, distance=qe.Distance.Cosine)}
+        )
+        qe.EdgeShard.create(str(path), config).close()
+        (path / "edge_config.json").unlink()
+        store = EdgeStore(tmp_path, schema=SCHEMA)
+        try:
+            assert not store.collection_exists(COLLECTION)
+            store.ensure_collection(COLLECTION, DIM)
+            store.upsert(COLLECTION, [record(d) for d in DOCS])
+            assert store.count(COLLECTION, acme()) == 6
+        finally:
+            store.close()
+
+    def test_a_process_killed_while_creating_shards_leaves_every_one_creatable(
+        self, tmp_path: Path
+    ) -> None:
+        # Real SIGKILLs at random moments of a loop of creations: the engine writes its config
+        # last, so most kills land inside a creation (14 of 20 left a directory without a config
+        # when shards were created in place, and the engine refuses to create over one).
+        script = (
+            "import sys\n"
+            "from ragcore.store.edge import EdgeStore\n"
+            f"s = EdgeStore({str(tmp_path)!r})\n"
+            "print('ready', flush=True)\n"
+            "for i in range(100000):\n"
+            "    name = f'rag__k{sys.argv[1]}x{i}__v1'\n"
+            "    print(name, flush=True)\n"
+            f"    s.ensure_collection(name, {DIM})\n"
+        )
+        rng = random.Random(7)
+        attempted: list[str] = []
+        for round_ in range(12):
+            proc = subprocess.Popen(
+                [sys.executable, "-c", script, str(round_)], stdout=subprocess.PIPE, text=True
+            )
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0.05, 0.6))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            attempted += proc.stdout.read().split()
+        assert len(attempted) >= 12  # each round was killed inside or after a creation
+        store = EdgeStore(tmp_path, schema=SCHEMA)
+        try:
+            for name in attempted:
+                store.ensure_collection(name, DIM)
+            store.upsert(attempted[-1], [record(d) for d in DOCS])
+            assert store.count(attempted[-1], acme()) == 6
+            assert set(store.list_collections()) == set(attempted)
         finally:
             store.close()
 
