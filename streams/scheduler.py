@@ -621,7 +621,8 @@ class Scheduler(Generic[P]):
 
     def _round(self) -> list[Unit[P]]:
         """A regular batch: lanes in order (a share kept for the lower ones), tenants taking
-        turns (up to `quantum` x weight units each)."""
+        turns (up to `quantum` x weight units each); a tenant left alone with units ready
+        fills the rest of the batch."""
         c = self.config
         batch: list[Unit[P]] = []
         heavy = 0
@@ -636,30 +637,44 @@ class Scheduler(Generic[P]):
             turns = self._turns[lane]
             order = list(turns)
             served = 0
-            for tenant in order:
-                if room <= 0:
-                    break
-                served += 1
-                ready = self._ready.get((lane, tenant))
-                quota = max(1, round(c.quantum * c.weights.get(tenant, 1.0)))
-                if not c.fair:
-                    quota = c.max_batch_units
-                while ready and quota > 0 and room > 0:
-                    unit = ready[0]
-                    if unit.done or not unit.ready:
-                        ready.popleft()  # finished or revoked meanwhile
+            # one pass over the tenants, up to a quantum each; further passes only while a
+            # single tenant still has units ready (no other waits): a lone backlog fills the
+            # batch as with fairness off instead of getting a quantum, half of it
+            passes = 0
+            progress = True
+            while room > 0 and progress and (
+                passes == 0 or sum(1 for t in order if self._ready.get((lane, t))) == 1
+            ):
+                progress = False
+                passes += 1
+                for tenant in order:
+                    if room <= 0:
+                        break
+                    if passes == 1:
+                        served += 1
+                    ready = self._ready.get((lane, tenant))
+                    if not ready:
                         continue
-                    if self._heavy(unit):
-                        if heavy >= c.max_batch_heavy and batch:
-                            break
-                        heavy += 1
-                    ready.popleft()
-                    unit.ready = False
-                    batch.append(unit)
-                    quota -= 1
-                    room -= 1
-                if not ready:
-                    self._ready.pop((lane, tenant), None)
+                    quota = max(1, round(c.quantum * c.weights.get(tenant, 1.0)))
+                    if not c.fair:
+                        quota = c.max_batch_units
+                    while ready and quota > 0 and room > 0:
+                        unit = ready[0]
+                        if unit.done or not unit.ready:
+                            ready.popleft()  # finished or revoked meanwhile
+                            continue
+                        if self._heavy(unit):
+                            if heavy >= c.max_batch_heavy and batch:
+                                break
+                            heavy += 1
+                        ready.popleft()
+                        unit.ready = False
+                        batch.append(unit)
+                        progress = True
+                        quota -= 1
+                        room -= 1
+                    if not ready:
+                        self._ready.pop((lane, tenant), None)
             # the next batch starts with the first tenant this one did not reach (or, when it
             # reached all of them, with the second): every tenant leads in turn
             shift = served if served < len(order) else 1
