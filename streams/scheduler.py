@@ -642,8 +642,10 @@ class Scheduler(Generic[P]):
             # batch as with fairness off instead of getting a quantum, half of it
             passes = 0
             progress = True
-            while room > 0 and progress and (
-                passes == 0 or sum(1 for t in order if self._ready.get((lane, t))) == 1
+            while (
+                room > 0
+                and progress
+                and (passes == 0 or sum(1 for t in order if self._ready.get((lane, t))) == 1)
             ):
                 progress = False
                 passes += 1
