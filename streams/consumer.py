@@ -954,6 +954,11 @@ class ConsumerLoop:
                 raise RagstreamError(f"fatal Kafka consumer error: {err}")
             else:
                 log.warning("consumer error (retried by librdkafka): %s", err)
+        for tp, offset in self.readahead.due_cuts():
+            # what the rescan has yet to re-read would all be dropped again: back to the head
+            if tp in self._assigned and tp not in self._stopped:
+                consumer.seek(TopicPartition(tp[0], tp[1], offset))
+                log.debug("%s[%d]: rescan stopped, fetching on from %d", *tp, offset)
         if self._stopped:
             self._restart_stopped(consumer)
         self._pause_or_resume(consumer)  # at once: what librdkafka prefetches would be dropped

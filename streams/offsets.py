@@ -140,6 +140,24 @@ class PartitionOffsets:
         self._rescan_to = self.seen_to
         return start
 
+    @property
+    def cursor(self) -> int | None:
+        """The next offset a rescan in progress has to re-read (None: no rescan)."""
+        return self._cursor
+
+    def cut_rescan(self) -> int | None:
+        """Stop the rescan in progress where its cursor stands: what it has not re-read yet
+        counts as dropped again (fetched by the next rescan; nothing from the cursor on is
+        committed until then). Returns where the fetch stood when the rescan began, to seek
+        forward to (None: no rescan in progress)."""
+        cursor = self._cursor
+        if cursor is None:
+            return None
+        self._cursor = None
+        if self._dropped_from is None or cursor < self._dropped_from:
+            self._dropped_from = cursor
+        return self._rescan_to
+
     def lost_below(self, offset: int) -> None:
         """The log no longer holds the offsets below `offset` (retention overtook the worker):
         what was dropped there cannot be fetched again (the offset gap is reconciled), and the

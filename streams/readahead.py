@@ -74,6 +74,10 @@ class _Intake:
     #: the cache of the pass before the rescan in progress (looked up while re-reading)
     previous_offsets: array[int] = field(default_factory=lambda: array("q"))
     previous_tenants: array[int] = field(default_factory=lambda: array("H"))
+    #: the rescan in progress may stop once its cursor passes this offset (`due_cuts`; None:
+    #: not known, worked out again when `dropping` grows), and the size of `dropping` then
+    cut_after: int | None = None
+    cut_checked: int = 0
 
 
 class ReadAhead:
@@ -98,6 +102,8 @@ class ReadAhead:
         #: counters for metrics: dropped records, rescans, offsets skipped as finished before
         self.dropped = 0
         self.rescans = 0
+        #: rescans stopped early (`due_cuts`)
+        self.cuts = 0
         self.done_before = 0
 
     # --- assignment -----------------------------------------------------------------------------
@@ -304,9 +310,55 @@ class ReadAhead:
                 part.dropping = set()
                 part.drop_all = False
                 part.dropped_stats = {}
+                part.cut_after = None
+                part.cut_checked = 0
                 self.rescans += 1
                 out.append((tp, start))
         return out
+
+    def due_cuts(self) -> list[tuple[TopicPartition, int]]:
+        """Rescans to stop now, and where to seek forward to (where the fetch stood when each
+        began). A rescan stops once every record it has yet to re-read is kept or finished
+        already, or was dropped in the pass before and belongs to a tenant that dropped again
+        in this one: re-read, each would be dropped again without being decoded
+        (`known_drop`), so skipping them changes nothing but the time the records at the head
+        wait. Not while a barrier waits among them or one was dropped in this pass."""
+        out: list[tuple[TopicPartition, int]] = []
+        with self._lock:
+            for tp, part in self._parts.items():
+                cursor = part.offsets.cursor
+                if cursor is None or part.drop_all or not part.dropping:
+                    continue
+                if part.cut_after is None or part.cut_checked != len(part.dropping):
+                    part.cut_after = self._last_blocking(part, cursor)
+                    part.cut_checked = len(part.dropping)
+                if cursor <= part.cut_after:
+                    continue
+                resume = part.offsets.cut_rescan()
+                if resume is None:
+                    continue
+                # the records not re-read stay dropped, as they were: the next rescan's cache
+                start = bisect_left(part.previous_offsets, cursor)
+                last = part.cache_offsets[-1] if part.cache_offsets else -1
+                for i in range(start, len(part.previous_offsets)):
+                    if part.previous_offsets[i] > last:
+                        part.cache_offsets.append(part.previous_offsets[i])
+                        part.cache_tenants.append(part.previous_tenants[i])
+                part.cut_after = None
+                self.cuts += 1
+                out.append((tp, resume))
+        return out
+
+    def _last_blocking(self, part: _Intake, cursor: int) -> int:
+        """The highest offset from `cursor` on that the rescan must re-read itself: one
+        dropped before whose tenant has not dropped again (or a barrier); `cursor - 1`:
+        none."""
+        dropping = {self._tenant_index.get(t) for t in part.dropping}
+        offsets, tenants = part.previous_offsets, part.previous_tenants
+        for i in range(len(offsets) - 1, bisect_left(offsets, cursor) - 1, -1):
+            if tenants[i] == _BARRIER or tenants[i] not in dropping:
+                return offsets[i]
+        return cursor - 1
 
     # --- commits --------------------------------------------------------------------------------
 

@@ -93,6 +93,30 @@ def test_a_dropped_offset_holds_the_commit_point_until_it_is_fetched_again() -> 
     state.check()
 
 
+def test_a_rescan_cut_short_leaves_what_it_did_not_re_read_dropped() -> None:
+    state = PartitionOffsets(0)
+    for offset in range(8):
+        state.classify(offset)
+        if offset >= 2:
+            state.drop(offset)
+        else:
+            state.keep(offset)
+            state.finish(offset)
+    assert state.start_rescan() == 2
+    assert state.cursor == 2
+    state.classify(2)
+    state.keep(2)
+    state.finish(2)
+    state.classify(3)
+    state.drop(3)  # its tenant is full again
+    assert state.cut_rescan() == 8  # seek forward to where the fetch stood
+    assert not state.rescanning and state.cut_rescan() is None
+    assert state.dropped_from == 3
+    assert state.commit_point().offset == 3  # 4-7 were not re-read: still held
+    state.check()
+    assert state.start_rescan() == 3  # the next rescan fetches them
+
+
 def test_offsets_an_earlier_owner_finished_are_skipped_once() -> None:
     state = PartitionOffsets(100, done_before=[102, 103, 99])
     assert state.commit_point().offset == 100

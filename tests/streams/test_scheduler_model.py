@@ -133,14 +133,24 @@ class Worker:
             seen = self.readahead.classify(tp, rec.offset)
             if seen is Seen.DONE_BEFORE:
                 self.finished.setdefault(partition, set()).add(rec.offset)
-            if seen is not Seen.NEW or self.readahead.known_drop(tp, rec.offset):
-                continue
-            route = Route(rec.tenant, rec.lane, rec.key, barrier=rec.key is None)
-            if not self.readahead.decide(tp, rec.offset, route, 100):
-                continue
-            self.scheduler.add(
-                Unit(tp, [rec.offset], rec.key, rec.tenant, rec.lane, [rec], 100, rec.key is None)
-            )
+            if seen is Seen.NEW and not self.readahead.known_drop(tp, rec.offset):
+                route = Route(rec.tenant, rec.lane, rec.key, barrier=rec.key is None)
+                if self.readahead.decide(tp, rec.offset, route, 100):
+                    self.scheduler.add(
+                        Unit(
+                            tp,
+                            [rec.offset],
+                            rec.key,
+                            rec.tenant,
+                            rec.lane,
+                            [rec],
+                            100,
+                            rec.key is None,
+                        )
+                    )
+            # a rescan stopped early seeks forward (as the consumer does after each fetch)
+            for cut, offset in self.readahead.due_cuts():
+                self.position[cut[1]] = offset
 
     def apply(self) -> None:
         batch = self.scheduler.take(0)
@@ -316,6 +326,7 @@ def check(world: World) -> None:
     event(f"redo: {'some' if redo else 'none'}")
     event(f"records dropped: {'some' if sum(r.dropped for r in readaheads) else 'none'}")
     event(f"rescans: {'some' if sum(r.rescans for r in readaheads) else 'none'}")
+    event(f"rescans stopped early: {'some' if sum(r.cuts for r in readaheads) else 'none'}")
     skipped = sum(r.done_before for r in readaheads)
     if not world.broker.keep_metadata:
         assert skipped == 0  # nothing names finished offsets without metadata
