@@ -150,9 +150,27 @@ def test_a_client_ignoring_the_retry_hints_has_its_refusals_deferred_while_a_qui
             stderr=subprocess.PIPE,
             text=True,
         )
+
+        def deferred_so_far() -> float:
+            labels = {"tenant_class": "bulk", "outcome": "deferred"}
+            found = stack.registry.get_sample_value(
+                "ragstream_retrieve_deferred_refusals_total", labels
+            )
+            return found or 0.0
+
+        def waiting_for(count: float) -> None:
+            # the flood's progress, not a fixed time: on a loaded machine the flooder process
+            # took so long to start that a fixed 1.5 s left it 3 finished refusals (CI)
+            deadline = time.monotonic() + 60
+            while deferred_so_far() < count:
+                assert flooder.poll() is None, flooder.communicate()[1][-2000:]
+                assert time.monotonic() < deadline, f"the flood is stuck at {deferred_so_far()}"
+                time.sleep(0.05)
+
         try:
-            time.sleep(1.5)  # under way, its callers deferred
+            waiting_for(callers)  # under way, its callers deferred
             quiet = [stack.retrieve("globex", "how do I connect to the VPN?") for _ in range(10)]
+            waiting_for(deferred_so_far() + 2 * callers)  # two more rounds finished after them
             out, err = flooder.communicate("", timeout=60)
         finally:
             if flooder.poll() is None:
