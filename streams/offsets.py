@@ -242,7 +242,8 @@ def encode_done(offset: int, done: list[int], max_bytes: int) -> tuple[str, int]
             runs[-1] = (runs[-1][0], runs[-1][1] + 1)
         else:
             runs.append((o, 1))
-    budget = (max_bytes - len(METADATA_PREFIX)) * 3 // 4  # base64 inflates 4/3
+    # base64 writes 4 characters for every 3 bytes begun
+    budget = (max_bytes - len(METADATA_PREFIX)) // 4 * 3
     out = bytearray()
     previous_end = offset
     kept = 0
