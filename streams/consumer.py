@@ -180,6 +180,22 @@ class SchedulerSettings(BaseModel):
             "fetched again later (a rescan), so the other tenants' changes always find room."
         ),
     )
+    rescan_reader: bool = Field(
+        default=True,
+        description=(
+            "A rescan (records dropped for room, fetched again) is re-read by a second, "
+            "group-less Kafka client while the group's consumer goes on at the head, so a quiet "
+            "tenant's change waits for no re-read. Off: the consumer seeks back for it."
+        ),
+    )
+    rescan_slice_records: int = Field(
+        default=200,
+        gt=0,
+        description=(
+            "Records the intake takes from the rescan reader between two polls of the head "
+            "(what a change at the head waits for at most while a rescan runs)."
+        ),
+    )
     tenants: dict[str, TenantSchedule] = Field(
         default_factory=dict,
         description=(
@@ -518,6 +534,53 @@ def dlq_headers(letter: DeadLetter, truncated: bool) -> list[tuple[str, str | by
     return own + original
 
 
+class RescanReader:
+    """The second, group-less Kafka client that re-reads the records a partition dropped for
+    room (a rescan) from where they begin, while the group's consumer goes on at the head: a
+    change there waits for no re-read (docs/decisions/tenant-fair-ingest.md). Made at its
+    first rescan; only the intake thread calls it."""
+
+    def __init__(self, config: Callable[[], dict[str, Any]]) -> None:
+        self._config = config
+        self._consumer: Consumer | None = None
+        self._reading: set[Part] = set()
+
+    @property
+    def active(self) -> bool:
+        """Whether a rescan is being re-read."""
+        return bool(self._reading)
+
+    def start(self, tp: Part, offset: int) -> None:
+        """Re-read `tp` from `offset` (a rescan of it in progress is given up for this one)."""
+        if self._consumer is None:
+            self._consumer = Consumer(self._config())
+        if tp in self._reading:
+            self._consumer.incremental_unassign([TopicPartition(*tp)])
+        self._consumer.incremental_assign([TopicPartition(tp[0], tp[1], offset)])
+        self._reading.add(tp)
+
+    def stop(self, tps: Sequence[Part]) -> None:
+        """Stop re-reading `tps` (what it fetched of them and was not taken is discarded)."""
+        gone = [tp for tp in tps if tp in self._reading]
+        if gone and self._consumer is not None:
+            self._consumer.incremental_unassign([TopicPartition(*tp) for tp in gone])
+        self._reading.difference_update(gone)
+
+    def fetch(self, limit: int, timeout_s: float) -> list[Message]:
+        """Up to `limit` records (or error events) already fetched, waiting up to
+        `timeout_s` for the first."""
+        if self._consumer is None or not self._reading:
+            return []
+        return self._consumer.consume(limit, timeout_s)
+
+    def close(self) -> None:
+        """Close the client (it holds no group membership and no offsets)."""
+        consumer, self._consumer = self._consumer, None
+        self._reading.clear()
+        if consumer is not None:
+            consumer.close()
+
+
 class ConsumerLoop:
     """Runs the ingest consumer group until `stop` is set (see the module docstring)."""
 
@@ -550,7 +613,12 @@ class ConsumerLoop:
             self._handler.merge,
             heavy=lambda unit: self._handler.heavy(unit.payload),
         )
-        self.readahead = ReadAhead(self.scheduler, max_metadata_bytes=schedule.max_metadata_bytes)
+        self.readahead = ReadAhead(
+            self.scheduler,
+            max_metadata_bytes=schedule.max_metadata_bytes,
+            reader=schedule.rescan_reader,
+        )
+        self._reader = RescanReader(self._reader_config)
         #: the end of a backoff (set by the apply thread, honoured by both)
         self._paused_until: float | None = None
         self._budget_paused = False
@@ -599,6 +667,21 @@ class ConsumerLoop:
             "queued.max.messages.kbytes": c.queued_max_messages_kbytes,
             "fetch.wait.max.ms": c.fetch_wait_max_ms,
             "topic.metadata.refresh.interval.ms": c.metadata_refresh_ms,
+            "error_cb": self._on_error,
+        }
+
+    def _reader_config(self) -> dict[str, Any]:
+        c = self._config
+        return {
+            **self._kafka.client_config(),
+            # never joins the group (it only assigns) and never commits: the id is librdkafka's
+            # requirement, not a membership
+            "group.id": f"{c.group_id}.rescan",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "error",
+            "queued.max.messages.kbytes": max(1024, c.queued_max_messages_kbytes // 4),
+            "fetch.wait.max.ms": c.fetch_wait_max_ms,
             "error_cb": self._on_error,
         }
 
@@ -796,6 +879,7 @@ class ConsumerLoop:
                 wait,
             )
         self._commit(force=True, only=set(revoked))
+        self._reader.stop(revoked)
         self._assigned.difference_update(revoked)
         for tp in revoked:
             self.readahead.revoke(tp)
@@ -931,10 +1015,20 @@ class ConsumerLoop:
         for tp in self.readahead.releasable(self._config.scheduler.redo_hold_s):
             self.scheduler.release(tp)
         for tp, offset in self.readahead.due_rescans():
-            if tp in self._assigned and tp not in self._stopped:
-                consumer.seek(TopicPartition(tp[0], tp[1], offset))
-                self._metrics.rescans.inc()
-                log.info("%s[%d]: fetching again from %d (records dropped for room)", *tp, offset)
+            self._metrics.rescans.inc()
+            if self.readahead.reader_rescan(tp):
+                self._reader.start(tp, offset)
+                log.debug("%s[%d]: re-reading from %d (records dropped for room)", *tp, offset)
+                continue
+            log.info("%s[%d]: fetching again from %d (records dropped for room)", *tp, offset)
+            try:
+                if tp not in self._stopped:
+                    consumer.seek(TopicPartition(tp[0], tp[1], offset))
+                    continue
+            except KafkaException as exc:
+                # its fetch stopped (an out-of-range event not taken yet): restarted below
+                log.info("%s[%d]: cannot seek (%s): restarting its fetch", *tp, exc)
+            self._stopped[tp] = offset
         msgs = self._fetch(consumer)
         for msg in msgs:
             err = msg.error()
@@ -954,31 +1048,68 @@ class ConsumerLoop:
                 raise RagstreamError(f"fatal Kafka consumer error: {err}")
             else:
                 log.warning("consumer error (retried by librdkafka): %s", err)
+        self._reread()
         for tp, offset in self.readahead.due_cuts():
             # what the rescan has yet to re-read would all be dropped again: back to the head
             if tp in self._assigned and tp not in self._stopped:
                 consumer.seek(TopicPartition(tp[0], tp[1], offset))
                 log.debug("%s[%d]: rescan stopped, fetching on from %d", *tp, offset)
+        self._reader.stop(self.readahead.rescans_over())
         if self._stopped:
             self._restart_stopped(consumer)
         self._pause_or_resume(consumer)  # at once: what librdkafka prefetches would be dropped
         self._commit()
 
+    def _reread(self) -> None:
+        """A slice of what the rescan reader fetched (none while the budget is full: it would
+        only be dropped again). A partition it cannot fetch (its offset fell out of the log)
+        goes back to rescans by the group's consumer, whose error handling reports the gap."""
+        if not self._reader.active or self.scheduler.full():
+            return
+        for msg in self._reader.fetch(self._config.scheduler.rescan_slice_records, 0.05):
+            err = msg.error()
+            if err is None:
+                self._take(to_raw(msg), reread=True)
+                continue
+            topic, partition = msg.topic(), msg.partition()
+            if err.code() == KafkaError._PARTITION_EOF:
+                continue
+            if err.fatal():
+                raise RagstreamError(f"fatal Kafka error of the rescan reader: {err}")
+            if (
+                topic is not None
+                and partition is not None
+                and (err.code() == KafkaError._AUTO_OFFSET_RESET)
+            ):
+                log.warning(
+                    "%s[%d]: the rescan reader cannot fetch its records (%s): the consumer "
+                    "fetches them again itself",
+                    topic,
+                    partition,
+                    err.str(),
+                )
+                self.readahead.abandon_rescan((topic, partition))
+            else:
+                log.warning("rescan reader error (retried by librdkafka): %s", err)
+
     def _fetch(self, consumer: Consumer) -> list[Message]:
         """What is fetched: waits for the first record (briefly while work is pending, so that
-        commits follow the apply thread closely), then takes what is already there."""
+        commits follow the apply thread closely; not at all while the rescan reader has work,
+        which waits instead), then takes what is already there."""
         busy = self.scheduler.pending() > 0 or self._paused
-        first = consumer.poll(0.05 if busy else self._config.poll_timeout_s)
+        wait = 0.0 if self._reader.active else 0.05 if busy else self._config.poll_timeout_s
+        first = consumer.poll(wait)
         if first is None:
             return []
         limit = self._config.max_batch_records
         return [first, *consumer.consume(limit - 1, 0)] if limit > 1 else [first]
 
-    def _take(self, rec: RawRecord) -> None:
-        """One fetched record: skipped when already handled, else routed, kept within the
-        read-ahead budget (or dropped for a rescan), planned and queued."""
+    def _take(self, rec: RawRecord, *, reread: bool = False) -> None:
+        """One fetched record (`reread`: by the rescan reader): skipped when already handled,
+        else routed, kept within the read-ahead budget (or dropped for a rescan), planned and
+        queued."""
         tp = (rec.topic, rec.partition)
-        seen = self.readahead.classify(tp, rec.offset)
+        seen = self.readahead.classify(tp, rec.offset, reread=reread)
         if seen is None or seen is Seen.DUPLICATE:
             return
         if seen is Seen.DONE_BEFORE:
@@ -1174,6 +1305,10 @@ class ConsumerLoop:
                 if fetch_at is not None and fetch_at >= 0
                 else self._position((topic, partition))
             )
+            # what it dropped for room and has yet to fetch again lies below: lost as well
+            refetch = self.readahead.refetch_from((topic, partition))
+            if position is not None and position >= 0 and refetch is not None:
+                position = min(position, refetch)
             if position is None or position < 0:
                 log.info(
                     "%s[%d] has no committed offset (the group never read it): starting at "
@@ -1371,6 +1506,7 @@ class ConsumerLoop:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.close()
+        self._reader.close()
 
     def _require_consumer(self) -> Consumer:
         if self._consumer is None:

@@ -73,16 +73,28 @@ class PartitionOffsets:
         #: a rescan in progress: re-reading from `_cursor` up to `_rescan_to` (exclusive)
         self._cursor: int | None = None
         self._rescan_to = start
+        #: the rescan in progress is re-read by a reader of its own (the main fetch goes on)
+        self._reader = False
         self._committed = start
 
     # --- what arrives ---------------------------------------------------------------------------
 
-    def classify(self, offset: int) -> Seen:
-        """What a fetched `offset` is (and, during a rescan, moves its cursor past it)."""
-        if self._cursor is not None:
+    def classify(self, offset: int, *, reread: bool = False) -> Seen:
+        """What a fetched `offset` is (and, during a rescan, moves its cursor past it).
+
+        `reread`: fetched by a rescan's own reader (`start_rescan(reader=True)`), which
+        re-reads below `rescan_to` while the partition's main fetch goes on above it; what the
+        reader fetches outside a rescan, or at or above its end, is the main fetch's to take
+        (a DUPLICATE here)."""
+        if self._cursor is not None and reread == self._reader:
+            if reread and offset >= self._rescan_to:
+                self._cursor = None  # the reader has passed everything it had to re-read
+                return Seen.DUPLICATE
             self._cursor = max(self._cursor, offset + 1)
             if self._cursor >= self._rescan_to:
                 self._cursor = None  # the rescan has read everything it had to
+        elif reread:
+            return Seen.DUPLICATE
         if offset < self.floor or offset in self._pending or offset in self._done:
             return Seen.DUPLICATE
         if offset in self._done_before:
@@ -128,17 +140,30 @@ class PartitionOffsets:
         """A rescan is re-reading offsets that were dropped."""
         return self._cursor is not None
 
-    def start_rescan(self) -> int | None:
+    def start_rescan(self, *, reader: bool = False) -> int | None:
         """Begin fetching the dropped offsets again: returns where to seek (None: nothing was
         dropped, or a rescan is still in progress). Until the re-read passes what had been
-        seen, nothing from the seek position on counts as finished unless it is done."""
+        seen, nothing from the seek position on counts as finished unless it is done.
+        `reader`: a reader of its own re-reads them (`classify(reread=True)`) and the main
+        fetch goes on from where it stands; else the main fetch seeks back."""
         start = self._dropped_from
         if start is None or self._cursor is not None:
             return None
         self._dropped_from = None
         self._cursor = start
         self._rescan_to = self.seen_to
+        self._reader = reader
         return start
+
+    @property
+    def rescan_to(self) -> int:
+        """Where the rescan in progress ends (exclusive; the last one's end when none is)."""
+        return self._rescan_to
+
+    @property
+    def reading(self) -> bool:
+        """A rescan in progress is re-read by a reader of its own."""
+        return self._cursor is not None and self._reader
 
     @property
     def cursor(self) -> int | None:

@@ -78,6 +78,26 @@ class _Intake:
     #: not known, worked out again when `dropping` grows), and the size of `dropping` then
     cut_after: int | None = None
     cut_checked: int = 0
+    #: a rescan re-read by a reader of its own (`ReadAhead(reader=True)`) while the main fetch
+    #: goes on above it, at the *head*: what the head dropped meanwhile (tenants, a barrier,
+    #: the cache entries), merged into the pass's own when the rescan ends
+    head_dropping: set[str] = field(default_factory=set)
+    head_drop_all: bool = False
+    head_offsets: array[int] = field(default_factory=lambda: array("q"))
+    head_tenants: array[int] = field(default_factory=lambda: array("H"))
+    #: per tenant index, the last offset the rescan re-reads for it, and the last barrier (or
+    #: record of a tenant the cache cannot name) it re-reads (-1: none): the head keeps none
+    #: of a tenant's records while its rescan has yet to pass that tenant's, nothing while it
+    #: has yet to pass such a barrier
+    rescan_last: dict[int, int] = field(default_factory=dict)
+    rescan_barrier: int = -1
+    #: the reader's rescan ended at the record being taken: the head's drops are merged once
+    #: it is decided (by the rescan's rules)
+    end_pending: bool = False
+
+    def at_head(self, offset: int) -> bool:
+        """Whether `offset` is the main fetch's while a reader re-reads below it."""
+        return self.offsets.reading and offset >= self.offsets.rescan_to
 
 
 class ReadAhead:
@@ -89,9 +109,18 @@ class ReadAhead:
         *,
         rescan_low_water: float = 0.5,
         max_metadata_bytes: int = DEFAULT_METADATA_BYTES,
+        reader: bool = False,
     ) -> None:
+        """`reader`: rescans are re-read by a reader of their own (the consumer's second,
+        group-less client: `classify(reread=True)`), so that the main fetch never goes back
+        and the records at the head wait for no re-read; else the main fetch seeks back."""
         self._scheduler = scheduler
         self._low_water = rescan_low_water
+        self._reader = reader
+        #: partitions whose reader's rescan ended (`rescans_over`), and partitions whose
+        #: reader failed (their rescans seek the main fetch back until reassigned)
+        self._over: set[TopicPartition] = set()
+        self._no_reader: set[TopicPartition] = set()
         self._max_metadata = max_metadata_bytes
         self._lock = threading.Lock()
         self._parts: dict[TopicPartition, _Intake] = {}
@@ -124,6 +153,8 @@ class ReadAhead:
         with self._lock:
             self._lazy.discard(tp)
             self._parts.pop(tp, None)
+            self._no_reader.discard(tp)
+            self._over.discard(tp)
             if start is None:
                 self._lazy.add(tp)
             else:
@@ -170,6 +201,7 @@ class ReadAhead:
         with self._lock:
             self._parts.pop(tp, None)
             self._lazy.discard(tp)
+            self._over.discard(tp)
 
     def assigned(self) -> list[TopicPartition]:
         """The partitions this worker reads."""
@@ -182,20 +214,30 @@ class ReadAhead:
         with self._lock:
             part = self._parts.get(tp)
             if part is not None:
+                self._settle(tp, part)
+                reading = part.offsets.reading
                 part.offsets.lost_below(offset)
+                self._ended(tp, part, reading)
 
     # --- what arrives ---------------------------------------------------------------------------
 
-    def classify(self, tp: TopicPartition, offset: int) -> Seen | None:
-        """What a fetched offset is (None: its partition is not assigned: drop the record)."""
+    def classify(self, tp: TopicPartition, offset: int, *, reread: bool = False) -> Seen | None:
+        """What a fetched offset is (None: its partition is not assigned: drop the record);
+        `reread`: fetched by the rescan reader."""
         with self._lock:
             part = self._parts.get(tp)
-            if part is None and tp in self._lazy:
+            if part is None and tp in self._lazy and not reread:
                 self._lazy.discard(tp)
                 part = self._parts[tp] = _Intake(PartitionOffsets(offset))
             if part is None:
                 return None
-            seen = part.offsets.classify(offset)
+            self._settle(tp, part)
+            reading = part.offsets.reading
+            seen = part.offsets.classify(offset, reread=reread)
+            if reading and not part.offsets.reading and seen is Seen.NEW:
+                part.end_pending = True
+            else:
+                self._ended(tp, part, reading)
             if seen is Seen.DONE_BEFORE:
                 self.done_before += 1
             return seen
@@ -214,6 +256,7 @@ class ReadAhead:
             if tenant not in part.dropping and self._scheduler.admits(tenant, 0):
                 return False
             self._drop(tp, part, offset, tenant, barrier=False)
+            self._settle(tp, part)
             return True
 
     def decide(
@@ -229,7 +272,7 @@ class ReadAhead:
             part = self._parts.get(tp)
             if part is None:
                 return False
-            keep = self._keeps(part, route, nbytes)
+            keep = self._keeps(part, offset, route, nbytes)
             if keep:
                 part.offsets.keep(offset)
             else:
@@ -238,31 +281,64 @@ class ReadAhead:
                 stats[0] += 1
                 if timestamp_ms is not None and (stats[1] < 0 or timestamp_ms < stats[1]):
                     stats[1] = timestamp_ms
+            self._settle(tp, part)
             return keep
 
-    def _keeps(self, part: _Intake, route: Route, nbytes: int) -> bool:
+    def _keeps(self, part: _Intake, offset: int, route: Route, nbytes: int) -> bool:
+        if part.at_head(offset):
+            return self._head_keeps(part, route, nbytes)
         if part.drop_all:
             return False
         if route.barrier:
-            # a barrier follows everything before it: it waits for what was dropped
-            return part.offsets.dropped_from is None
+            # a barrier follows everything before it: it waits for what was dropped (below it:
+            # the head may have dropped records after it while a reader re-read it)
+            dropped = part.offsets.dropped_from
+            return dropped is None or dropped > offset
         if route.tenant in part.dropping:
             return False
         return self._scheduler.admits(route.tenant, nbytes)
 
+    def _head_keeps(self, part: _Intake, route: Route, nbytes: int) -> bool:
+        """Keep a record at the head while a reader re-reads below it: not a barrier (it
+        follows what is re-read), nor a record of a tenant that dropped since the rescan
+        began or that the rescan has yet to re-read (its keys' records come in order), nor
+        anything while the rescan has yet to re-read a barrier."""
+        cursor = part.offsets.cursor
+        if part.drop_all or part.head_drop_all or route.barrier or cursor is None:
+            return False
+        tenant = route.tenant
+        if tenant in part.dropping or tenant in part.head_dropping:
+            return False
+        if part.rescan_barrier >= cursor:
+            return False
+        index = self._tenant_index.get(tenant)
+        if index is not None and part.rescan_last.get(index, -1) >= cursor:
+            return False
+        return self._scheduler.admits(tenant, nbytes)
+
     def _drop(
         self, tp: TopicPartition, part: _Intake, offset: int, tenant: str, *, barrier: bool
     ) -> None:
+        head = part.at_head(offset)
         part.offsets.drop(offset)
         self.dropped += 1
-        if barrier:
+        if barrier and head:
+            part.head_drop_all = True
+        elif barrier:
             part.drop_all = True
+        elif head:
+            part.head_dropping.add(tenant)
         else:
             part.dropping.add(tenant)
         index = _BARRIER if barrier else self._index(tenant)
-        if not part.cache_offsets or part.cache_offsets[-1] < offset:
-            part.cache_offsets.append(offset)
-            part.cache_tenants.append(index)
+        offsets, tenants = (
+            (part.head_offsets, part.head_tenants)
+            if head
+            else (part.cache_offsets, part.cache_tenants)
+        )
+        if not offsets or offsets[-1] < offset:
+            offsets.append(offset)
+            tenants.append(index)
 
     def skip(self, tp: TopicPartition, offset: int) -> None:
         """A NEW offset that needs no work (a heartbeat, a tombstone, a skipped record)."""
@@ -270,6 +346,7 @@ class ReadAhead:
             part = self._parts.get(tp)
             if part is not None:
                 part.offsets.finish(offset)
+                self._settle(tp, part)
 
     def finish(self, tp: TopicPartition, offsets: Sequence[int]) -> None:
         """Kept offsets applied (or dead-lettered): finished."""
@@ -291,6 +368,7 @@ class ReadAhead:
                 return out
             share = self._scheduler.config.max_records * self._scheduler.config.tenant_share
             for tp, part in self._parts.items():
+                self._settle(tp, part)
                 if part.offsets.dropped_from is None or part.offsets.rescanning:
                     continue
                 room = part.drop_all and not part.dropping
@@ -301,7 +379,8 @@ class ReadAhead:
                     room = True  # dropped only because the whole budget was full
                 if not room:
                     continue
-                start = part.offsets.start_rescan()
+                reader = self._reader and tp not in self._no_reader
+                start = part.offsets.start_rescan(reader=reader)
                 if start is None:
                     continue
                 part.previous_offsets = part.cache_offsets
@@ -312,20 +391,105 @@ class ReadAhead:
                 part.dropped_stats = {}
                 part.cut_after = None
                 part.cut_checked = 0
+                if reader:
+                    last: dict[int, int] = {}
+                    barrier = -1
+                    for offset, index in zip(
+                        part.previous_offsets, part.previous_tenants, strict=True
+                    ):
+                        last[index] = offset
+                        if index == _BARRIER:
+                            barrier = offset
+                    part.rescan_last, part.rescan_barrier = last, barrier
                 self.rescans += 1
                 out.append((tp, start))
         return out
 
+    def reader_rescan(self, tp: TopicPartition) -> bool:
+        """Whether the rescan in progress in `tp` is the reader's to re-read."""
+        with self._lock:
+            part = self._parts.get(tp)
+            return part is not None and part.offsets.reading
+
+    def rescans_over(self) -> list[TopicPartition]:
+        """The partitions whose reader's rescan ended (read to its end, stopped early, or the
+        partition lost): the reader lets them go."""
+        with self._lock:
+            out = sorted(self._over)
+            self._over.clear()
+            return out
+
+    def abandon_rescan(self, tp: TopicPartition) -> None:
+        """The reader cannot fetch `tp` (its offset fell out of the log, say): what it has not
+        re-read counts as dropped again, and the partition's rescans seek the main fetch back
+        (whose own error handling reports an offset gap) until it is assigned again."""
+        with self._lock:
+            part = self._parts.get(tp)
+            self._no_reader.add(tp)
+            if part is not None:
+                self._settle(tp, part)
+            if part is not None and part.offsets.reading:
+                self._cut(tp, part)
+
+    def _cut(self, tp: TopicPartition, part: _Intake) -> int | None:
+        """Stop the rescan in progress (`PartitionOffsets.cut_rescan`): what it did not re-read
+        stays dropped, as it was (the next rescan's cache)."""
+        cursor = part.offsets.cursor
+        reading = part.offsets.reading
+        resume = part.offsets.cut_rescan()
+        if resume is None or cursor is None:
+            return None
+        start = bisect_left(part.previous_offsets, cursor)
+        last = part.cache_offsets[-1] if part.cache_offsets else -1
+        for i in range(start, len(part.previous_offsets)):
+            if part.previous_offsets[i] > last:
+                part.cache_offsets.append(part.previous_offsets[i])
+                part.cache_tenants.append(part.previous_tenants[i])
+            # their tenants' later records drop too, until the next rescan (order)
+            index = part.previous_tenants[i]
+            if index == _BARRIER:
+                part.drop_all = True
+            else:
+                part.dropping.add(self._tenants[index])
+        part.cut_after = None
+        self._ended(tp, part, reading)
+        return resume
+
+    def _settle(self, tp: TopicPartition, part: _Intake) -> None:
+        """Merge the head's drops of a reader's rescan that ended at a record now taken."""
+        if part.end_pending:
+            part.end_pending = False
+            self._ended(tp, part, True)
+
+    def _ended(self, tp: TopicPartition, part: _Intake, reading: bool) -> None:
+        """After a reader's rescan ended: what the head dropped meanwhile is dropped as any
+        other (every later record of its tenants drops too, until the next rescan)."""
+        if not reading or part.offsets.reading:
+            return
+        part.dropping |= part.head_dropping
+        part.drop_all = part.drop_all or part.head_drop_all
+        for offset, index in zip(part.head_offsets, part.head_tenants, strict=True):
+            if not part.cache_offsets or part.cache_offsets[-1] < offset:
+                part.cache_offsets.append(offset)
+                part.cache_tenants.append(index)
+        part.head_dropping = set()
+        part.head_drop_all = False
+        part.head_offsets, part.head_tenants = array("q"), array("H")
+        part.rescan_last, part.rescan_barrier = {}, -1
+        self._over.add(tp)
+
     def due_cuts(self) -> list[tuple[TopicPartition, int]]:
         """Rescans to stop now, and where to seek forward to (where the fetch stood when each
-        began). A rescan stops once every record it has yet to re-read is kept or finished
-        already, or was dropped in the pass before and belongs to a tenant that dropped again
-        in this one: re-read, each would be dropped again without being decoded
-        (`known_drop`), so skipping them changes nothing but the time the records at the head
-        wait. Not while a barrier waits among them or one was dropped in this pass."""
+        began; a reader's rescan needs no seek: it is in `rescans_over`). A rescan stops once
+        every record it has yet to re-read is kept or finished already, or was dropped in the
+        pass before and belongs to a tenant that dropped again in this one: re-read, each
+        would be dropped again without being decoded (`known_drop`), so skipping them changes
+        nothing but the time the records at the head wait (and the reader's work). Not while
+        a barrier waits among them or one was dropped in this pass."""
         out: list[tuple[TopicPartition, int]] = []
         with self._lock:
             for tp, part in self._parts.items():
+                self._settle(tp, part)
                 cursor = part.offsets.cursor
                 if cursor is None or part.drop_all or not part.dropping:
                     continue
@@ -334,19 +498,13 @@ class ReadAhead:
                     part.cut_checked = len(part.dropping)
                 if cursor <= part.cut_after:
                     continue
-                resume = part.offsets.cut_rescan()
+                reading = part.offsets.reading
+                resume = self._cut(tp, part)
                 if resume is None:
                     continue
-                # the records not re-read stay dropped, as they were: the next rescan's cache
-                start = bisect_left(part.previous_offsets, cursor)
-                last = part.cache_offsets[-1] if part.cache_offsets else -1
-                for i in range(start, len(part.previous_offsets)):
-                    if part.previous_offsets[i] > last:
-                        part.cache_offsets.append(part.previous_offsets[i])
-                        part.cache_tenants.append(part.previous_tenants[i])
-                part.cut_after = None
                 self.cuts += 1
-                out.append((tp, resume))
+                if not reading:
+                    out.append((tp, resume))
         return out
 
     def _last_blocking(self, part: _Intake, cursor: int) -> int:
@@ -415,6 +573,16 @@ class ReadAhead:
                         stamp = oldest
                     out[key] = (known + count, stamp)
         return out
+
+    def refetch_from(self, tp: TopicPartition) -> int | None:
+        """The lowest offset of `tp` the worker has yet to fetch again (dropped for room, or
+        not re-read yet by the rescan in progress; None: none)."""
+        with self._lock:
+            part = self._parts.get(tp)
+            if part is None:
+                return None
+            marks = [o for o in (part.offsets.dropped_from, part.offsets.cursor) if o is not None]
+            return min(marks, default=None)
 
     def check(self) -> None:
         """Assert every partition's invariants (tests)."""

@@ -76,8 +76,11 @@ class Loop:
 def start_loop(
     kafka: MockKafka,
     strategy: str = "range",
+    *,
     group: str | None = None,
     read_ahead_records: int = 20_000,
+    tenant_share: float = 1.0,
+    rescan_reader: bool = True,
 ) -> Loop:
     suffix = uuid.uuid4().hex[:8]
     topic, dlq = f"ret.{suffix}", f"dlq.{suffix}"
@@ -98,7 +101,11 @@ def start_loop(
             heartbeat_interval_ms=500,
             backoff_initial_s=0.05,
             backoff_max_s=0.1,
-            scheduler=SchedulerSettings(read_ahead_records=read_ahead_records, tenant_share=1.0),
+            scheduler=SchedulerSettings(
+                read_ahead_records=read_ahead_records,
+                tenant_share=tenant_share,
+                rescan_reader=rescan_reader,
+            ),
         ),
         handler,
         IngestMetrics(registry),
@@ -143,6 +150,43 @@ def test_a_running_worker_overtaken_by_retention_names_the_lost_offsets_and_rest
     # retained record, in order, once
     held = [(0, o) for o in range(10, gap.offset)]
     assert env.handler.offsets[10:] == held + [(0, o) for o in range(low, high)]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("rescan_reader", [True, False])
+def test_records_dropped_for_room_and_expired_before_their_rescan_are_a_gap_not_a_jump(
+    mock_kafka: MockKafka, rescan_reader: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Records dropped for room (their tenant was over its share) are fetched again by a
+    rescan; when retention deleted them first, the rescan's fetch is out of range: the rescan
+    reader hands the partition to the consumer, whose fetch names the gap and restarts at
+    the log start (with the reader off, the consumer's own rescan does)."""
+    # a budget of four, a tenant's share two: the third record held is dropped
+    env = start_loop(
+        mock_kafka, read_ahead_records=4, tenant_share=0.5, rescan_reader=rescan_reader
+    )
+    mock_kafka.produce(env.topic, [b"seen-%d" % i for i in range(4)])
+    with caplog.at_level(logging.INFO):
+        env.loop.start()
+        try:
+            env.run_until(lambda: len(env.handler.offsets) == 4)
+            # the embedder goes down while 4-8 arrive: 4 and 5 are held, 6-8 dropped
+            env.handler.failing = True
+            mock_kafka.produce(env.topic, [b"dropped-%d" % i for i in range(5)])
+            env.run_until(lambda: env.loop.readahead.dropped >= 3)
+            low, high = mock_kafka.expire(env.topic, past=9)
+            env.handler.failing = False
+            env.run_until(lambda: env.handler.offsets[-1:] == [(0, high - 1)], timeout=60)
+        finally:
+            env.loop.close()
+    assert env.loop.readahead.rescans >= 1
+    # 6-8 are lost, and said to be: a gap from at most 6 to the log start
+    assert env.gaps, "no gap reported"
+    assert min(g.offset for g in env.gaps) <= 6
+    assert all(g.low <= low for g in env.gaps)
+    assert_fetch_gap_logged(caplog.records, env.topic, min(g.offset for g in env.gaps), low)
+    # nothing else lost or applied twice, and in order
+    assert env.handler.offsets == [(0, o) for o in range(6)] + [(0, o) for o in range(low, high)]
 
 
 @pytest.mark.integration

@@ -80,6 +80,9 @@ class World:
     redo_bound: int = 0
     workers: dict[int, Worker] = field(default_factory=dict)
     incarnation: int = 0
+    #: rescans re-read by a reader of their own while the main fetch goes on (the consumer's
+    #: default), or by the main fetch seeking back
+    reader: bool = False
 
 
 @dataclass
@@ -94,10 +97,13 @@ class Worker:
     applied_offsets: dict[int, set[int]] = field(default_factory=dict)
     #: offsets this incarnation finished (for the redo bound at a crash)
     finished: dict[int, set[int]] = field(default_factory=dict)
+    #: where the rescan reader stands, per partition it re-reads
+    rereads: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(self.world.config, merge)
-        self.readahead = ReadAhead(self.scheduler)  # type: ignore[arg-type]
+        scheduler: Scheduler[object] = self.scheduler  # type: ignore[assignment]
+        self.readahead = ReadAhead(scheduler, reader=self.world.reader)
 
     def assign(self, partition: int) -> None:
         # a new ownership starts at the committed offset: the order checks start over for the
@@ -118,19 +124,28 @@ class Worker:
         self.scheduler.revoke([(TOPIC, partition)])
         self.readahead.revoke((TOPIC, partition))
         self.position.pop(partition, None)
+        self.rereads.pop(partition, None)
 
-    def fetch(self, partition: int, count: int) -> None:
+    def rescans(self) -> None:
+        for rescanned, offset in self.readahead.due_rescans():
+            if self.readahead.reader_rescan(rescanned):
+                self.rereads[rescanned[1]] = offset
+            else:
+                self.position[rescanned[1]] = offset
+
+    def fetch(self, partition: int, count: int, *, reread: bool = False) -> None:
+        """The main fetch, or the rescan reader (`reread`), takes up to `count` records."""
         if partition not in self.position:
             return
-        for rescanned, offset in self.readahead.due_rescans():
-            self.position[rescanned[1]] = offset
+        self.rescans()
+        positions = self.rereads if reread else self.position
         log = self.world.broker.log.get(partition, [])
         tp: TopicPartition = (TOPIC, partition)
-        while count > 0 and self.position[partition] < len(log):
-            rec = log[self.position[partition]]
-            self.position[partition] += 1
+        while count > 0 and partition in positions and positions[partition] < len(log):
+            rec = log[positions[partition]]
+            positions[partition] += 1
             count -= 1
-            seen = self.readahead.classify(tp, rec.offset)
+            seen = self.readahead.classify(tp, rec.offset, reread=reread)
             if seen is Seen.DONE_BEFORE:
                 self.finished.setdefault(partition, set()).add(rec.offset)
             if seen is Seen.NEW and not self.readahead.known_drop(tp, rec.offset):
@@ -151,6 +166,8 @@ class Worker:
             # a rescan stopped early seeks forward (as the consumer does after each fetch)
             for cut, offset in self.readahead.due_cuts():
                 self.position[cut[1]] = offset
+            for over in self.readahead.rescans_over():
+                self.rereads.pop(over[1], None)
 
     def apply(self) -> None:
         batch = self.scheduler.take(0)
@@ -247,6 +264,7 @@ operations = st.lists(
         steps("barrier", partition=st.integers(0, 2)),
         steps("fetch", partition=st.integers(0, 2), count=st.integers(1, 40)),
         steps("fetch", partition=st.integers(0, 2), count=st.integers(1, 40)),
+        steps("reread", partition=st.integers(0, 2), count=st.integers(1, 40)),
         steps("apply", worker=st.integers(0, 1)),
         steps("apply", worker=st.integers(0, 1)),
         steps("apply", worker=st.integers(0, 1)),
@@ -273,8 +291,8 @@ def run(world: World, script: list[Step]) -> None:
                 world.broker.append(p, key, step.tenant, step.lane)
         elif step.kind == "barrier":
             world.broker.append(p, None, "", Lane.LIVE)
-        elif step.kind == "fetch":
-            world.workers[owners(world)[p]].fetch(p, step.count)
+        elif step.kind in ("fetch", "reread"):
+            world.workers[owners(world)[p]].fetch(p, step.count, reread=step.kind == "reread")
         elif step.kind == "apply":
             world.workers[step.worker].apply()
         elif step.kind == "commit":
@@ -297,9 +315,10 @@ def drain(world: World) -> None:
         busy = False
         for worker in world.workers.values():
             for p in list(worker.position):
-                before = worker.position[p]
+                before = worker.position[p], worker.rereads.get(p)
                 worker.fetch(p, 50)
-                busy |= worker.position[p] != before
+                worker.fetch(p, 50, reread=True)
+                busy |= (worker.position[p], worker.rereads.get(p)) != before
             if worker.scheduler.pending():
                 worker.apply()
                 busy = True
@@ -327,6 +346,7 @@ def check(world: World) -> None:
     event(f"records dropped: {'some' if sum(r.dropped for r in readaheads) else 'none'}")
     event(f"rescans: {'some' if sum(r.rescans for r in readaheads) else 'none'}")
     event(f"rescans stopped early: {'some' if sum(r.cuts for r in readaheads) else 'none'}")
+    event(f"rescan reader: {world.reader}")
     skipped = sum(r.done_before for r in readaheads)
     if not world.broker.keep_metadata:
         assert skipped == 0  # nothing names finished offsets without metadata
@@ -342,6 +362,7 @@ def worlds(keep_metadata: bool) -> Iterator[st.SearchStrategy[World]]:
         broker=st.builds(
             Broker, partitions=st.integers(1, 3), keep_metadata=st.just(keep_metadata)
         ),
+        reader=st.booleans(),
         config=st.builds(
             SchedulerConfig,
             fair=st.booleans(),
