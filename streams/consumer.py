@@ -192,8 +192,9 @@ class SchedulerSettings(BaseModel):
         default=200,
         gt=0,
         description=(
-            "Records the intake takes from the rescan reader between two polls of the head "
-            "(what a change at the head waits for at most while a rescan runs)."
+            "Records the intake takes from the rescan reader at a time, between two polls of "
+            "the head, once a tenant it re-reads has room for them: the re-reading keeps pace "
+            "with the applying, and a change at the head waits for at most one slice."
         ),
     )
     tenants: dict[str, TenantSchedule] = Field(
@@ -617,6 +618,7 @@ class ConsumerLoop:
             self.scheduler,
             max_metadata_bytes=schedule.max_metadata_bytes,
             reader=schedule.rescan_reader,
+            reread_slice=schedule.rescan_slice_records,
         )
         self._reader = RescanReader(self._reader_config)
         #: the end of a backoff (set by the apply thread, honoured by both)
@@ -1029,7 +1031,8 @@ class ConsumerLoop:
                 # its fetch stopped (an out-of-range event not taken yet): restarted below
                 log.info("%s[%d]: cannot seek (%s): restarting its fetch", *tp, exc)
             self._stopped[tp] = offset
-        msgs = self._fetch(consumer)
+        reread = self._reread_due()
+        msgs = self._fetch(consumer, wait=not reread)
         for msg in msgs:
             err = msg.error()
             if err is None:
@@ -1048,7 +1051,8 @@ class ConsumerLoop:
                 raise RagstreamError(f"fatal Kafka consumer error: {err}")
             else:
                 log.warning("consumer error (retried by librdkafka): %s", err)
-        self._reread()
+        if reread:
+            self._reread()
         for tp, offset in self.readahead.due_cuts():
             # what the rescan has yet to re-read would all be dropped again: back to the head
             if tp in self._assigned and tp not in self._stopped:
@@ -1060,13 +1064,16 @@ class ConsumerLoop:
         self._pause_or_resume(consumer)  # at once: what librdkafka prefetches would be dropped
         self._commit()
 
+    def _reread_due(self) -> bool:
+        """Whether the rescan reader's next slice is taken this cycle: while it re-reads and
+        a tenant ahead of it has room for a slice (`ReadAhead.reread_room`)."""
+        return self._reader.active and self.readahead.reread_room()
+
     def _reread(self) -> None:
-        """A slice of what the rescan reader fetched (none while the budget is full: it would
-        only be dropped again). A partition it cannot fetch (its offset fell out of the log)
-        goes back to rescans by the group's consumer, whose error handling reports the gap."""
-        if not self._reader.active or self.scheduler.full():
-            return
-        for msg in self._reader.fetch(self._config.scheduler.rescan_slice_records, 0.05):
+        """A slice of what the rescan reader fetched. A partition it cannot fetch (its offset
+        fell out of the log) goes back to rescans by the group's consumer, whose error
+        handling reports the gap."""
+        for msg in self._reader.fetch(self._config.scheduler.rescan_slice_records, 0.02):
             err = msg.error()
             if err is None:
                 self._take(to_raw(msg), reread=True)
@@ -1092,13 +1099,13 @@ class ConsumerLoop:
             else:
                 log.warning("rescan reader error (retried by librdkafka): %s", err)
 
-    def _fetch(self, consumer: Consumer) -> list[Message]:
+    def _fetch(self, consumer: Consumer, *, wait: bool = True) -> list[Message]:
         """What is fetched: waits for the first record (briefly while work is pending, so that
-        commits follow the apply thread closely; not at all while the rescan reader has work,
-        which waits instead), then takes what is already there."""
+        commits follow the apply thread closely; not at all without `wait`: the rescan
+        reader's slice waits instead), then takes what is already there."""
         busy = self.scheduler.pending() > 0 or self._paused
-        wait = 0.0 if self._reader.active else 0.05 if busy else self._config.poll_timeout_s
-        first = consumer.poll(wait)
+        wait_s = 0.0 if not wait else 0.05 if busy else self._config.poll_timeout_s
+        first = consumer.poll(wait_s)
         if first is None:
             return []
         limit = self._config.max_batch_records

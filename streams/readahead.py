@@ -110,13 +110,18 @@ class ReadAhead:
         rescan_low_water: float = 0.5,
         max_metadata_bytes: int = DEFAULT_METADATA_BYTES,
         reader: bool = False,
+        reread_slice: int = 200,
     ) -> None:
         """`reader`: rescans are re-read by a reader of their own (the consumer's second,
         group-less client: `classify(reread=True)`), so that the main fetch never goes back
-        and the records at the head wait for no re-read; else the main fetch seeks back."""
+        and the records at the head wait for no re-read; else the main fetch seeks back.
+        A reader's rescan begins once a dropping tenant has room for `reread_slice` records
+        and is read a slice at a time as room appears (`reread_room`): the re-reading is
+        paced by the applying, not done in bursts."""
         self._scheduler = scheduler
         self._low_water = rescan_low_water
         self._reader = reader
+        self._slice = reread_slice
         #: partitions whose reader's rescan ended (`rescans_over`), and partitions whose
         #: reader failed (their rescans seek the main fetch back until reassigned)
         self._over: set[TopicPartition] = set()
@@ -371,15 +376,18 @@ class ReadAhead:
                 self._settle(tp, part)
                 if part.offsets.dropped_from is None or part.offsets.rescanning:
                     continue
+                reader = self._reader and tp not in self._no_reader
                 room = part.drop_all and not part.dropping
-                room = room or any(
-                    self._scheduler.held(t) < share * self._low_water for t in part.dropping
-                )
+                if reader:
+                    room = room or any(self._room(t) for t in part.dropping)
+                else:
+                    room = room or any(
+                        self._scheduler.held(t) < share * self._low_water for t in part.dropping
+                    )
                 if not self._scheduler.config.fair:
                     room = True  # dropped only because the whole budget was full
                 if not room:
                     continue
-                reader = self._reader and tp not in self._no_reader
                 start = part.offsets.start_rescan(reader=reader)
                 if start is None:
                     continue
@@ -404,6 +412,34 @@ class ReadAhead:
                 self.rescans += 1
                 out.append((tp, start))
         return out
+
+    def reread_room(self) -> bool:
+        """Whether the reader may take a slice now: a partition it re-reads has a barrier
+        or a tenant with room for a slice ahead of its cursor (or only records kept or
+        finished already). While every tenant ahead is at its share the reader waits, and
+        goes on where it stood once the applying made room, rather than fetch records only
+        to drop them again."""
+        with self._lock:
+            for part in self._parts.values():
+                cursor = part.offsets.cursor
+                if cursor is None or not part.offsets.reading:
+                    continue
+                ahead = [i for i, last in part.rescan_last.items() if last >= cursor]
+                if not ahead or part.rescan_barrier >= cursor:
+                    return True
+                for index in ahead:
+                    if index == _BARRIER or self._tenants[index] in part.dropping:
+                        return True  # decoded, or dropped again at once: no room needed
+                    if self._room(self._tenants[index]):
+                        return True
+            return False
+
+    def _room(self, tenant: str) -> bool:
+        """Whether `tenant` has room for a slice of records (or, for a share smaller than a
+        slice, for its whole share)."""
+        config = self._scheduler.config
+        share = max(1, int(config.max_records * (config.tenant_share if config.fair else 1)))
+        return self._scheduler.room(tenant) >= min(self._slice, share)
 
     def reader_rescan(self, tp: TopicPartition) -> bool:
         """Whether the rescan in progress in `tp` is the reader's to re-read."""

@@ -216,6 +216,17 @@ class Scheduler(Generic[P]):
                 self.records >= c.max_records * low_water or self.bytes >= c.max_bytes * low_water
             )
 
+    def room(self, tenant: str) -> int:
+        """Records `tenant` may still be given (within its share and the budget; fairness
+        off: the budget)."""
+        c = self.config
+        with self._lock:
+            free = c.max_records - self.records
+            if c.fair:
+                share = max(1, int(c.max_records * c.tenant_share))
+                free = min(free, share - self._held_records.get(tenant, 0))
+            return max(0, free)
+
     def held(self, tenant: str) -> int:
         """Records `tenant` holds now."""
         with self._lock:

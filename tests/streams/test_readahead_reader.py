@@ -175,3 +175,32 @@ def test_a_failed_reader_hands_the_partitions_rescans_to_the_main_fetch() -> Non
     assert not readahead.reader_rescan(TP)
     assert fetch(readahead, scheduler, 5, "globex") == "kept"
     readahead.check()
+
+
+def test_the_reader_keeps_pace_with_the_applying() -> None:
+    scheduler: Scheduler[list[int]] = Scheduler(
+        SchedulerConfig(max_records=40, tenant_share=0.5, express_units=0), lambda a, b: a + b
+    )
+    readahead = ReadAhead(scheduler, reader=True, reread_slice=5)  # type: ignore[arg-type]
+    readahead.assign(TP, 0)
+    outcomes = [fetch(readahead, scheduler, o, "globex") for o in range(60)]
+    assert outcomes.count("kept") == 20  # its share; 20-59 dropped
+    assert readahead.due_rescans() == []  # no room for a slice yet
+    assert not readahead.reread_room()  # no rescan
+    applied = 0
+    batch = scheduler.take(0)
+    while applied < 5:  # the applying makes room for one slice
+        scheduler.complete(batch)
+        readahead.finish(TP, [o for u in batch for o in u.offsets])
+        applied += sum(u.records for u in batch)
+        batch = scheduler.take(0)
+    assert readahead.due_rescans() == [(TP, 20)]
+    assert readahead.reread_room()
+    # the reader takes what fits, then waits for room instead of dropping the rest again
+    taken = [fetch(readahead, scheduler, o, "globex", reread=True) for o in range(20, 20 + applied)]
+    assert taken == ["kept"] * applied
+    assert not readahead.reread_room()
+    assert readahead.refetch_from(TP) == 20 + applied  # where it goes on
+    drain(readahead, scheduler)
+    assert readahead.reread_room()
+    readahead.check()
