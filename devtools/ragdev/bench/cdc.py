@@ -928,6 +928,22 @@ def run(
             store=store,
             embedder=embedder,
         )
+        connect = {"poll.interval.ms": str(poll_ms)}
+        worker_props = {"producer.linger.ms": "5", "producer.batch.size": "1048576"}
+        dbz = DebeziumConnect(
+            bootstrap_servers=broker.bootstrap_servers,
+            source=PostgresSource("127.0.0.1", pg.port, "postgres", "postgres"),
+            tables=["public.entities"],
+            name="bench",
+            work_dir=root / "connect",
+            connector=connect,
+            worker=worker_props,
+        )
+        # the heartbeat topic exists before the worker subscribes (as `ragstream dev`, the Helm
+        # chart and compose have it): else the connector's start creates it, the pattern
+        # subscription rebalances, and tansu holds the group for session.timeout.ms / 2 in
+        # the middle of the snapshot
+        dbz.create_heartbeat_topic()
         worker.check()
         acks = Acks()
         worker.handler.observe(acks)
@@ -942,17 +958,6 @@ def run(
         stack.callback(stop_worker)
         side = SideConsumer(broker.bootstrap_servers)
         stack.callback(side.close)
-        connect = {"poll.interval.ms": str(poll_ms)}
-        worker_props = {"producer.linger.ms": "5", "producer.batch.size": "1048576"}
-        dbz = DebeziumConnect(
-            bootstrap_servers=broker.bootstrap_servers,
-            source=PostgresSource("127.0.0.1", pg.port, "postgres", "postgres"),
-            tables=["public.entities"],
-            name="bench",
-            work_dir=root / "connect",
-            connector=connect,
-            worker=worker_props,
-        )
 
         # the group join is not part of the snapshot (tansu takes session.timeout.ms / 2)
         deadline = time.monotonic() + 60
