@@ -1020,7 +1020,7 @@ class ConsumerLoop:
             self._metrics.rescans.inc()
             if self.readahead.reader_rescan(tp):
                 self._reader.start(tp, offset)
-                log.debug("%s[%d]: re-reading from %d (records dropped for room)", *tp, offset)
+                log.info("%s[%d]: re-reading from %d (records dropped for room)", *tp, offset)
                 continue
             log.info("%s[%d]: fetching again from %d (records dropped for room)", *tp, offset)
             try:
