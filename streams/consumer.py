@@ -1083,11 +1083,8 @@ class ConsumerLoop:
                 continue
             if err.fatal():
                 raise RagstreamError(f"fatal Kafka error of the rescan reader: {err}")
-            if (
-                topic is not None
-                and partition is not None
-                and (err.code() == KafkaError._AUTO_OFFSET_RESET)
-            ):
+            reset = err.code() == KafkaError._AUTO_OFFSET_RESET
+            if reset and topic is not None and partition is not None:
                 log.warning(
                     "%s[%d]: the rescan reader cannot fetch its records (%s): the consumer "
                     "fetches them again itself",

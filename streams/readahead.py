@@ -85,12 +85,11 @@ class _Intake:
     head_drop_all: bool = False
     head_offsets: array[int] = field(default_factory=lambda: array("q"))
     head_tenants: array[int] = field(default_factory=lambda: array("H"))
-    #: per tenant index, the last offset the rescan re-reads for it, and the last barrier (or
-    #: record of a tenant the cache cannot name) it re-reads (-1: none): the head keeps none
-    #: of a tenant's records while its rescan has yet to pass that tenant's, nothing while it
-    #: has yet to pass such a barrier
+    #: per tenant index, the last offset the rescan re-reads for it (`_BARRIER`: the last
+    #: barrier, or record of a tenant the cache cannot name): the head keeps none of a
+    #: tenant's records while the rescan has yet to pass that tenant's, nothing while it has
+    #: yet to pass such a barrier
     rescan_last: dict[int, int] = field(default_factory=dict)
-    rescan_barrier: int = -1
     #: the reader's rescan ended at the record being taken: the head's drops are merged once
     #: it is decided (by the rescan's rules)
     end_pending: bool = False
@@ -314,7 +313,7 @@ class ReadAhead:
         tenant = route.tenant
         if tenant in part.dropping or tenant in part.head_dropping:
             return False
-        if part.rescan_barrier >= cursor:
+        if part.rescan_last.get(_BARRIER, -1) >= cursor:
             return False
         index = self._tenant_index.get(tenant)
         if index is not None and part.rescan_last.get(index, -1) >= cursor:
@@ -336,14 +335,10 @@ class ReadAhead:
         else:
             part.dropping.add(tenant)
         index = _BARRIER if barrier else self._index(tenant)
-        offsets, tenants = (
-            (part.head_offsets, part.head_tenants)
-            if head
-            else (part.cache_offsets, part.cache_tenants)
-        )
-        if not offsets or offsets[-1] < offset:
-            offsets.append(offset)
-            tenants.append(index)
+        if head:
+            _append(part.head_offsets, part.head_tenants, offset, index)
+        else:
+            _append(part.cache_offsets, part.cache_tenants, offset, index)
 
     def skip(self, tp: TopicPartition, offset: int) -> None:
         """A NEW offset that needs no work (a heartbeat, a tombstone, a skipped record)."""
@@ -400,15 +395,10 @@ class ReadAhead:
                 part.cut_after = None
                 part.cut_checked = 0
                 if reader:
-                    last: dict[int, int] = {}
-                    barrier = -1
-                    for offset, index in zip(
-                        part.previous_offsets, part.previous_tenants, strict=True
-                    ):
-                        last[index] = offset
-                        if index == _BARRIER:
-                            barrier = offset
-                    part.rescan_last, part.rescan_barrier = last, barrier
+                    # ascending: each tenant's last offset wins
+                    part.rescan_last = dict(
+                        zip(part.previous_tenants, part.previous_offsets, strict=True)
+                    )
                 self.rescans += 1
                 out.append((tp, start))
         return out
@@ -424,22 +414,23 @@ class ReadAhead:
                 cursor = part.offsets.cursor
                 if cursor is None or not part.offsets.reading:
                     continue
-                ahead = [i for i, last in part.rescan_last.items() if last >= cursor]
-                if not ahead or part.rescan_barrier >= cursor:
-                    return True
-                for index in ahead:
+                ahead = False
+                for index, last in part.rescan_last.items():
+                    if last < cursor:
+                        continue
+                    ahead = True
                     if index == _BARRIER or self._tenants[index] in part.dropping:
                         return True  # decoded, or dropped again at once: no room needed
                     if self._room(self._tenants[index]):
                         return True
+                if not ahead:
+                    return True
             return False
 
     def _room(self, tenant: str) -> bool:
         """Whether `tenant` has room for a slice of records (or, for a share smaller than a
         slice, for its whole share)."""
-        config = self._scheduler.config
-        share = max(1, int(config.max_records * (config.tenant_share if config.fair else 1)))
-        return self._scheduler.room(tenant) >= min(self._slice, share)
+        return self._scheduler.room(tenant) >= min(self._slice, self._scheduler.share())
 
     def reader_rescan(self, tp: TopicPartition) -> bool:
         """Whether the rescan in progress in `tp` is the reader's to re-read."""
@@ -476,13 +467,10 @@ class ReadAhead:
         if resume is None or cursor is None:
             return None
         start = bisect_left(part.previous_offsets, cursor)
-        last = part.cache_offsets[-1] if part.cache_offsets else -1
         for i in range(start, len(part.previous_offsets)):
-            if part.previous_offsets[i] > last:
-                part.cache_offsets.append(part.previous_offsets[i])
-                part.cache_tenants.append(part.previous_tenants[i])
-            # their tenants' later records drop too, until the next rescan (order)
             index = part.previous_tenants[i]
+            _append(part.cache_offsets, part.cache_tenants, part.previous_offsets[i], index)
+            # their tenants' later records drop too, until the next rescan (order)
             if index == _BARRIER:
                 part.drop_all = True
             else:
@@ -505,13 +493,11 @@ class ReadAhead:
         part.dropping |= part.head_dropping
         part.drop_all = part.drop_all or part.head_drop_all
         for offset, index in zip(part.head_offsets, part.head_tenants, strict=True):
-            if not part.cache_offsets or part.cache_offsets[-1] < offset:
-                part.cache_offsets.append(offset)
-                part.cache_tenants.append(index)
+            _append(part.cache_offsets, part.cache_tenants, offset, index)
         part.head_dropping = set()
         part.head_drop_all = False
         part.head_offsets, part.head_tenants = array("q"), array("H")
-        part.rescan_last, part.rescan_barrier = {}, -1
+        part.rescan_last = {}
         self._over.add(tp)
 
     def due_cuts(self) -> list[tuple[TopicPartition, int]]:
@@ -635,6 +621,14 @@ class ReadAhead:
             self._tenants.append(tenant)
             self._tenant_index[tenant] = index
         return index
+
+
+def _append(offsets: array[int], tenants: array[int], offset: int, index: int) -> None:
+    """Add a dropped offset to a cache, which stays ascending (one out of order is left out:
+    the cache is advisory, such a record is decoded again)."""
+    if not offsets or offsets[-1] < offset:
+        offsets.append(offset)
+        tenants.append(index)
 
 
 def _lookup(offsets: array[int], tenants: array[int], offset: int) -> int | None:

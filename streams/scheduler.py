@@ -201,7 +201,7 @@ class Scheduler(Generic[P]):
                 return self.records == 0  # one record always fits (a huge one alone)
             if not c.fair:
                 return True
-            share_records = max(1, int(c.max_records * c.tenant_share))
+            share_records = self.share()
             share_bytes = max(1, int(c.max_bytes * c.tenant_share))
             held = self._held_records.get(tenant, 0)
             if held + 1 > share_records or self._held_bytes.get(tenant, 0) + nbytes > share_bytes:
@@ -216,15 +216,17 @@ class Scheduler(Generic[P]):
                 self.records >= c.max_records * low_water or self.bytes >= c.max_bytes * low_water
             )
 
-    def room(self, tenant: str) -> int:
-        """Records `tenant` may still be given (within its share and the budget; fairness
-        off: the budget)."""
+    def share(self) -> int:
+        """Records one tenant may hold (fairness off: the whole budget)."""
         c = self.config
+        return max(1, int(c.max_records * c.tenant_share)) if c.fair else c.max_records
+
+    def room(self, tenant: str) -> int:
+        """Records `tenant` may still be given (within its share and the budget)."""
         with self._lock:
-            free = c.max_records - self.records
-            if c.fair:
-                share = max(1, int(c.max_records * c.tenant_share))
-                free = min(free, share - self._held_records.get(tenant, 0))
+            free = self.config.max_records - self.records
+            if self.config.fair:
+                free = min(free, self.share() - self._held_records.get(tenant, 0))
             return max(0, free)
 
     def held(self, tenant: str) -> int:

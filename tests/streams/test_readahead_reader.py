@@ -24,6 +24,17 @@ def setup() -> tuple[ReadAhead, Scheduler[list[int]]]:
     return readahead, scheduler
 
 
+def rescanning(rows: int) -> tuple[ReadAhead, Scheduler[list[int]]]:
+    """globex's bulk of `rows` fetched (0-3 kept, its share; the rest dropped), applied, and
+    its rescan begun at 4."""
+    readahead, scheduler = setup()
+    for o in range(rows):
+        fetch(readahead, scheduler, o, "globex")
+    drain(readahead, scheduler)
+    assert readahead.due_rescans() == [(TP, 4)]
+    return readahead, scheduler
+
+
 def fetch(
     readahead: ReadAhead,
     scheduler: Scheduler[list[int]],
@@ -97,11 +108,7 @@ def test_the_head_is_kept_while_the_reader_re_reads_below_it() -> None:
 
 
 def test_the_head_drops_a_tenant_whose_records_the_reader_has_yet_to_re_read() -> None:
-    readahead, scheduler = setup()
-    for o in range(10):
-        fetch(readahead, scheduler, o, "globex")  # 0-3 kept, 4-9 dropped
-    drain(readahead, scheduler)
-    assert readahead.due_rescans() == [(TP, 4)]
+    readahead, scheduler = rescanning(10)
     # globex's newer change at the head must not overtake its records at 4-9
     assert fetch(readahead, scheduler, 10, "globex") == "dropped"
     for o in range(4, 10):
@@ -141,11 +148,7 @@ def test_a_barrier_the_reader_has_yet_to_re_read_holds_the_head() -> None:
 
 
 def test_a_barrier_at_the_head_waits_for_the_re_read() -> None:
-    readahead, scheduler = setup()
-    for o in range(6):
-        fetch(readahead, scheduler, o, "globex")
-    drain(readahead, scheduler)
-    assert readahead.due_rescans() == [(TP, 4)]
+    readahead, scheduler = rescanning(6)
     assert fetch(readahead, scheduler, 6, "", barrier=True) == "dropped"
     assert fetch(readahead, scheduler, 7, "acme") == "dropped"  # it follows the barrier
     for o in (4, 5):
@@ -161,11 +164,7 @@ def test_a_barrier_at_the_head_waits_for_the_re_read() -> None:
 
 
 def test_a_failed_reader_hands_the_partitions_rescans_to_the_main_fetch() -> None:
-    readahead, scheduler = setup()
-    for o in range(10):
-        fetch(readahead, scheduler, o, "globex")
-    drain(readahead, scheduler)
-    assert readahead.due_rescans() == [(TP, 4)]
+    readahead, scheduler = rescanning(10)
     assert fetch(readahead, scheduler, 4, "globex", reread=True) == "kept"
     readahead.abandon_rescan(TP)
     assert readahead.rescans_over() == [TP]
